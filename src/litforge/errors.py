@@ -1,0 +1,38 @@
+"""User-facing errors: one clear line instead of a traceback."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class UserError(Exception):
+    """A problem the user can fix (a missing file, a bad value). The message says what and how."""
+
+
+def exit_on_user_error(task: Callable[..., T]) -> Callable[..., T]:
+    """Turn a `UserError` raised by `task` into one line on stderr and exit status 1.
+
+    `HYDRA_FULL_ERROR=1` re-raises instead, so the full traceback is still one variable away.
+    """
+
+    @functools.wraps(task)
+    def wrapper(*args, **kwargs):
+        try:
+            return task(*args, **kwargs)
+        except UserError as err:
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            log.debug("user error", exc_info=True)  # kept in the run's log file
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            sys.exit(1)
+
+    return wrapper

@@ -1,0 +1,165 @@
+"""The one pipeline behind `train.py` and `eval.py`: build data, model, loggers, callbacks and
+trainer from a Hydra config, run, and write the final metrics.
+
+Both entry points call these functions; nothing here depends on which one is running.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import Logger
+from omegaconf import DictConfig, OmegaConf
+
+from litforge.data.base import InMemoryImageDataModule
+from litforge.errors import UserError
+from litforge.models.classifier import ClassificationModule
+from litforge.utils import print_config, print_metrics
+
+log = logging.getLogger(__name__)
+
+
+def seed(cfg: DictConfig) -> None:
+    if cfg.get("seed") is not None:  # `seed=0` is a seed too
+        L.seed_everything(cfg.seed, workers=True)
+
+
+def build_datamodule(cfg: DictConfig) -> InMemoryImageDataModule:
+    return instantiate(cfg.data)
+
+
+def build_model(cfg: DictConfig, datamodule: InMemoryImageDataModule) -> ClassificationModule:
+    # The datamodule knows the input shape and classes; the model config need not repeat them.
+    return instantiate(
+        cfg.model,
+        input_shape=datamodule.input_shape,
+        num_classes=datamodule.num_classes,
+        class_names=datamodule.class_names,
+        _recursive_=False,  # net/optimizer/scheduler stay configs; the module builds them
+    )
+
+
+def _instantiate_all(group: DictConfig | None) -> list[Any]:
+    """Instantiate every entry of a `{name: {_target_: ...}}` group; null entries are switched off."""
+    if not group:
+        return []
+    return [instantiate(entry) for entry in group.values() if entry and "_target_" in entry]
+
+
+def build_trainer(cfg: DictConfig) -> L.Trainer:
+    callbacks: list[Callback] = _instantiate_all(cfg.get("callbacks"))
+    loggers: list[Logger] = _instantiate_all(cfg.get("logger"))
+    strategy = instantiate(cfg.strategy) if "_target_" in cfg.strategy else cfg.strategy.name
+    trainer: L.Trainer = instantiate(
+        cfg.trainer, strategy=strategy, callbacks=callbacks, logger=loggers or False
+    )
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    for logger in trainer.loggers:  # the whole resolved run config, not the model's arguments
+        logger.log_hyperparams(resolved)
+    return trainer
+
+
+def _float_metrics(trainer: L.Trainer) -> dict[str, float]:
+    """Epoch-level scalars as logged (`train/loss`, `val/acc_best`, `test/acc`, ...)."""
+    return {
+        name: float(value)
+        for name, value in trainer.callback_metrics.items()
+        if isinstance(value, torch.Tensor)
+        and value.numel() == 1
+        and not name.endswith(("_step", "_epoch"))  # `train/loss` holds the epoch value
+    }
+
+
+def finish(cfg: DictConfig, trainer: L.Trainer, metrics: dict[str, float]) -> dict[str, float]:
+    """Write `metrics.json` into the run dir and print the final table (rank 0 only)."""
+    if trainer.is_global_zero:
+        output_dir = Path(cfg.paths.output_dir)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        path = output_dir / "metrics.json"
+        path.write_text(json.dumps(dict(sorted(metrics.items())), indent=2) + "\n")
+        print_metrics(metrics, output_dir)
+    return metrics
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Fit, then test the best checkpoint. Returns the final metrics (`metrics.json`)."""
+    if cfg.extras.get("print_config"):
+        print_config(cfg, save_to=Path(cfg.paths.output_dir) / "config_tree.log")
+    seed(cfg)
+    datamodule = build_datamodule(cfg)
+    model = build_model(cfg, datamodule)
+    trainer = build_trainer(cfg)
+
+    metrics: dict[str, float] = {}
+    if cfg.get("train"):
+        trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+        metrics.update(_float_metrics(trainer))
+
+    if cfg.get("test"):
+        checkpoint = trainer.checkpoint_callback
+        best = checkpoint.best_model_path if isinstance(checkpoint, ModelCheckpoint) else ""
+        if cfg.get("train") and not best:
+            log.warning("No checkpoint was saved (e.g. fast_dev_run): testing the final weights.")
+        trainer.test(model, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
+        metrics.update(_float_metrics(trainer))
+
+    return finish(cfg, trainer, metrics)
+
+
+def load_checkpoint(ckpt_path: str | None) -> dict[str, Any]:
+    """Read a checkpoint the safe way (`weights_only=True`: no code runs while loading)."""
+    if not ckpt_path:
+        raise UserError("no checkpoint given: add ckpt_path=<file>, e.g. .../checkpoints/last.ckpt")
+    path = Path(ckpt_path).expanduser()
+    if not path.is_file():
+        raise UserError(f"ckpt_path={ckpt_path}: no such file.")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def model_from_checkpoint(
+    checkpoint: dict[str, Any], datamodule: InMemoryImageDataModule, ckpt_path: str
+) -> ClassificationModule:
+    """Rebuild the trained model from the checkpoint's own hyperparameters and weights."""
+    trained_on = checkpoint.get("datamodule_hyper_parameters", {}).get("name")
+    if trained_on and trained_on != datamodule.source.name:
+        raise UserError(
+            f"{ckpt_path} was trained on '{trained_on}', the config selects "
+            f"'{datamodule.source.name}'. Add data={trained_on}."
+        )
+    model = ClassificationModule(**checkpoint["hyper_parameters"])
+    model.load_state_dict(checkpoint["state_dict"])
+    return model
+
+
+def evaluate(cfg: DictConfig) -> dict[str, float]:
+    """Test a checkpoint on the test split. The network comes from the checkpoint itself."""
+    if cfg.extras.get("print_config"):
+        print_config(cfg, save_to=Path(cfg.paths.output_dir) / "config_tree.log")
+    seed(cfg)
+    checkpoint = load_checkpoint(cfg.get("ckpt_path"))
+    datamodule = build_datamodule(cfg)
+    model = model_from_checkpoint(checkpoint, datamodule, cfg.ckpt_path)
+    trainer = build_trainer(cfg)
+    trainer.test(model, datamodule=datamodule)
+    return finish(cfg, trainer, _float_metrics(trainer))
+
+
+def optimized_metric(cfg: DictConfig, metrics: dict[str, float]) -> float | None:
+    """The value a sweeper optimizes (`optimized_metric` in the config)."""
+    name = cfg.get("optimized_metric")
+    if not name:
+        return None
+    if name not in metrics:
+        raise UserError(
+            f"optimized_metric={name} was not logged. Logged: {', '.join(sorted(metrics))}."
+        )
+    value = metrics[name]
+    return value if math.isfinite(value) else float("nan")
