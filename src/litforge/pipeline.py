@@ -58,13 +58,26 @@ def build_trainer(cfg: DictConfig) -> L.Trainer:
     callbacks: list[Callback] = _instantiate_all(cfg.get("callbacks"))
     loggers: list[Logger] = _instantiate_all(cfg.get("logger"))
     strategy = instantiate(cfg.strategy) if "_target_" in cfg.strategy else cfg.strategy.name
-    trainer: L.Trainer = instantiate(
+    if loggers:
+        callbacks.append(LogRunConfig(OmegaConf.to_container(cfg, resolve=True)))
+    return instantiate(
         cfg.trainer, strategy=strategy, callbacks=callbacks, logger=loggers or False
     )
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    for logger in trainer.loggers:  # the whole resolved run config, not the model's arguments
-        logger.log_hyperparams(resolved)
-    return trainer
+
+
+class LogRunConfig(Callback):
+    """Log the whole resolved run config to every logger (rather than the model's arguments).
+
+    In `setup`, which Lightning calls after `prepare_data`: a run whose data is missing leaves
+    no logger files behind.
+    """
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        for logger in trainer.loggers:
+            logger.log_hyperparams(self.config)
 
 
 def _float_metrics(trainer: L.Trainer) -> dict[str, float]:

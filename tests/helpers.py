@@ -1,0 +1,94 @@
+"""Test helpers: dataset files in their real on-disk formats, and Hydra configs for tmp dirs."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+FASHION_MNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
+IDX_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+def write_idx(path: Path, array: np.ndarray, gz: bool = False) -> Path:
+    """Write `array` (uint8) as an IDX file, written out by hand from the format's spec."""
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim)
+    header += struct.pack(f">{array.ndim}I", *array.shape)
+    payload = header + array.astype(">u1").tobytes()
+    if gz:
+        path = path.with_name(path.name + ".gz")
+        payload = gzip.compress(payload)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(payload)
+    return path
+
+
+def learnable_images(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """28×28 images whose class is a bright horizontal band at row 2·label, plus noise."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 10, n).astype(np.uint8)
+    images = rng.integers(0, 60, (n, 28, 28)).astype(np.uint8)
+    for i, label in enumerate(labels):
+        images[i, 2 * label + 4 : 2 * label + 6, 4:24] = 250
+    return images, labels
+
+
+def write_idx_dataset(directory: Path, n_train=600, n_test=200, gz=False) -> Path:
+    """A small MNIST-format dataset (all four files) in `directory`."""
+    for split, n, seed in (("train", n_train, 1), ("test", n_test, 2)):
+        images, labels = learnable_images(n, seed)
+        write_idx(directory / IDX_FILES[split][0], images, gz)
+        write_idx(directory / IDX_FILES[split][1], labels, gz)
+    return directory
+
+
+def compose_config(name: str, tmp_path: Path, overrides: list[str] = ()) -> DictConfig:
+    """Compose `conf/<name>.yaml` as `@hydra.main` would, with outputs under `tmp_path`."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(
+            config_name=name,
+            return_hydra_config=True,
+            overrides=[
+                f"hydra.run.dir={tmp_path / 'run'}",
+                f"paths.root_dir={tmp_path}",
+                "extras.print_config=false",
+                *overrides,
+            ],
+        )
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(tmp_path / "run")  # set by @hydra.main normally
+        cfg.hydra.runtime.cwd = str(ROOT)
+        cfg.hydra.job.num = 0
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+def run_script(
+    script: str, *args: str, cwd: Path = ROOT, env: dict | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """Run `python <script> args...` as a user would; return the finished process."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run(
+        [sys.executable, script, *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -1,0 +1,46 @@
+"""`python eval.py ckpt_path=...`: test a checkpoint with the network stored in it."""
+
+import pytest
+from helpers import compose_config
+
+from litforge.errors import UserError
+from litforge.pipeline import evaluate, train
+
+
+def test_eval_reproduces_the_training_test_metrics(tmp_path, idx_data_dir):
+    overrides = ["data=mnist", "data.val_size=100", "trainer.max_epochs=1"]
+    # A non-default network: eval must take its shape from the checkpoint, not from the config.
+    trained = train(compose_config("train", tmp_path / "t", [
+        *overrides, "model.net.hidden_sizes=[32]", f"paths.data_dir={idx_data_dir}"
+    ]))  # fmt: skip
+    best = next((tmp_path / "t" / "run" / "checkpoints").glob("epoch_*.ckpt"))
+
+    cfg = compose_config("eval", tmp_path / "e", [
+        "data=mnist", f"ckpt_path={best}", f"paths.data_dir={idx_data_dir}"
+    ])  # fmt: skip
+    evaluated = evaluate(cfg)
+    assert evaluated["test/acc"] == trained["test/acc"]
+    assert evaluated["test/loss"] == pytest.approx(trained["test/loss"], rel=1e-6)
+    assert (tmp_path / "e" / "run" / "metrics.json").is_file()
+
+
+def test_checkpoint_of_another_dataset_is_refused(tmp_path, idx_data_dir):
+    train(compose_config("train", tmp_path / "t", [
+        "data=mnist", "data.val_size=100", "trainer.max_epochs=1", f"paths.data_dir={idx_data_dir}"
+    ]))  # fmt: skip
+    last = tmp_path / "t" / "run" / "checkpoints" / "last.ckpt"
+    cfg = compose_config("eval", tmp_path / "e", [
+        "data=fashion_mnist", f"ckpt_path={last}", f"paths.data_dir={idx_data_dir}"
+    ])  # fmt: skip
+    with pytest.raises(UserError, match="was trained on 'mnist'.*Add data=mnist"):
+        evaluate(cfg)
+
+
+@pytest.mark.parametrize(
+    ("ckpt", "message"),
+    [(None, "no checkpoint given: add ckpt_path="), ("missing.ckpt", "no such file")],
+)
+def test_missing_checkpoint_is_a_clear_error(tmp_path, ckpt, message):
+    overrides = [] if ckpt is None else [f"ckpt_path={tmp_path / ckpt}"]
+    with pytest.raises(UserError, match=message):
+        evaluate(compose_config("eval", tmp_path, overrides))

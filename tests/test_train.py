@@ -1,0 +1,84 @@
+"""`python train.py`: fit, test the best checkpoint, write the run dir (in-process and as a CLI)."""
+
+import json
+
+import pytest
+import torch
+from helpers import compose_config, run_script
+
+from litforge.pipeline import optimized_metric, seed, train
+
+FAST = ["data=mnist", "data.val_size=100", "data.batch_size=64", "trainer.max_epochs=2"]
+
+
+@pytest.fixture
+def trained_run(tmp_path, idx_data_dir):
+    cfg = compose_config("train", tmp_path, FAST)
+    metrics = train(cfg)
+    return cfg, metrics, tmp_path / "run"
+
+
+def test_run_dir_holds_checkpoints_logs_and_metrics(trained_run):
+    cfg, metrics, run_dir = trained_run
+    written = json.loads((run_dir / "metrics.json").read_text())
+    assert written == pytest.approx(metrics)
+    for key in ("test/acc", "test/loss", "test/f1", "val/acc", "val/acc_best", "train/loss"):
+        assert key in written
+    assert written["test/acc"] > 0.9, "the synthetic classes are easy to learn"
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert len(list((run_dir / "checkpoints").glob("epoch_*.ckpt"))) == 1  # the best
+    assert (run_dir / "csv" / "metrics.csv").is_file()
+    assert optimized_metric(cfg, metrics) == metrics["val/acc_best"]
+
+
+def test_checkpoints_load_with_weights_only(trained_run):
+    _, _, run_dir = trained_run
+    for path in (run_dir / "checkpoints").glob("*.ckpt"):
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        assert checkpoint["hyper_parameters"]["net"]["_target_"] == "litforge.models.mlp.MLP"
+        assert checkpoint["datamodule_hyper_parameters"]["name"] == "mnist"
+
+
+def test_logged_hyperparameters_are_the_resolved_run_config(trained_run):
+    _, _, run_dir = trained_run
+    hparams = (run_dir / "csv" / "hparams.yaml").read_text()
+    assert "max_epochs: 2" in hparams and "MNISTDataModule" in hparams
+    assert "${" not in hparams
+
+
+@pytest.mark.parametrize("value", [0, 7])
+def test_any_seed_seeds_including_zero(tmp_path, value):
+    cfg = compose_config("train", tmp_path, [f"seed={value}"])
+    seed(cfg)
+    assert torch.initial_seed() == value
+
+
+def test_unknown_optimized_metric_is_a_clear_error(tmp_path):
+    cfg = compose_config("train", tmp_path, ["optimized_metric=val/nope"])
+    with pytest.raises(Exception, match="optimized_metric=val/nope was not logged"):
+        optimized_metric(cfg, {"val/acc": 0.5})
+
+
+@pytest.mark.slow
+def test_cli_run_then_eval_reproduces_the_test_metric(tmp_path, idx_data_dir):
+    run_dir = tmp_path / "run"
+    result = run_script(
+        "train.py", *FAST[:-1], "trainer.max_epochs=1", f"paths.data_dir={idx_data_dir}",
+        f"hydra.run.dir={run_dir}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    assert (run_dir / "config_tree.log").is_file()
+    assert "Final metrics" in result.stdout and str(run_dir) in result.stdout
+    trained = json.loads((run_dir / "metrics.json").read_text())
+
+    best = next((run_dir / "checkpoints").glob("epoch_*.ckpt"))
+    eval_dir = tmp_path / "eval"
+    result = run_script(
+        "eval.py", f"ckpt_path={best}", "data=mnist", f"paths.data_dir={idx_data_dir}",
+        f"hydra.run.dir={eval_dir}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    evaluated = json.loads((eval_dir / "metrics.json").read_text())
+    assert evaluated["test/acc"] == trained["test/acc"]
+    assert evaluated["test/loss"] == pytest.approx(trained["test/loss"], rel=1e-6)
