@@ -82,8 +82,8 @@ def run_script(
     script: str, *args: str, cwd: Path = ROOT, env: dict | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess:
     """Run `python <script> args...` as a user would; return the finished process."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    full_env.pop("HYDRA_FULL_ERROR", None)
+    full_env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    full_env.update({"PYTHONUNBUFFERED": "1", **(env or {})})
     return subprocess.run(
         [sys.executable, script, *args],
         cwd=cwd,
@@ -92,3 +92,22 @@ def run_script(
         text=True,
         timeout=timeout,
     )
+
+
+OFFLINE_SITECUSTOMIZE = '''
+import socket
+
+def _refuse(*args, **kwargs):
+    raise OSError("network disabled by the test")
+
+socket.socket.connect = _refuse
+socket.getaddrinfo = _refuse
+'''
+
+
+def offline_env(tmp_path: Path) -> dict[str, str]:
+    """Environment for a subprocess in which every network connection fails."""
+    site = tmp_path / "offline_site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(OFFLINE_SITECUSTOMIZE)
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
