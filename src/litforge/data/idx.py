@@ -1,0 +1,93 @@
+"""The IDX file format of MNIST and Fashion-MNIST, gzipped or not.
+
+An IDX file is a big-endian header — two zero bytes, a type code, the number of dimensions, then one
+uint32 per dimension — followed by the array itself. Both datasets store uint8 images (N×28×28) and
+uint8 labels (N).
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from litforge.data.base import InMemoryImageDataModule
+from litforge.data.sources import find_file
+from litforge.errors import UserError
+
+# type code -> big-endian numpy dtype
+IDX_DTYPES = {
+    0x08: np.dtype(">u1"),
+    0x09: np.dtype(">i1"),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+
+
+class IDXFormatError(UserError):
+    """A file is not a valid IDX file."""
+
+
+def read_idx(path: str | Path) -> torch.Tensor:
+    """Read an IDX file (plain or `.gz`) into a tensor of its stored shape."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError) as err:  # gzip raises these for truncated or non-gzip files
+        raise IDXFormatError(f"cannot read {path}: {err}. Replace the file.") from err
+
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in IDX_DTYPES:
+        raise IDXFormatError(
+            f"{path} is not an IDX file (bad magic number {data[:4].hex() or 'none'}). "
+            "Replace it with the dataset's original file."
+        )
+    dtype, ndim = IDX_DTYPES[data[2]], data[3]
+    header = 4 + 4 * ndim
+    if len(data) < header:
+        raise IDXFormatError(f"{path} is truncated inside its header. Replace the file.")
+    shape = struct.unpack(f">{ndim}I", data[4:header])
+    expected = header + int(np.prod(shape)) * dtype.itemsize
+    if len(data) != expected:
+        raise IDXFormatError(
+            f"{path} has {len(data)} bytes, its header {tuple(shape)} needs {expected}: "
+            "the file is truncated or damaged. Replace it."
+        )
+    array = np.frombuffer(data, dtype=dtype, offset=header).reshape(shape)
+    return torch.from_numpy(array.astype(dtype.newbyteorder("="), copy=True))
+
+
+class IDXDataModule(InMemoryImageDataModule):
+    """MNIST-format datasets: four IDX files, 1×28×28 uint8 images and uint8 labels."""
+
+    input_shape = (1, 28, 28)
+    split_files = {
+        True: ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+        False: ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+    }
+
+    def load_split(self, directory: Path, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        image_path, label_path = (find_file(directory, f) for f in self.split_files[train])
+        images, labels = read_idx(image_path), read_idx(label_path)
+        if images.ndim != 3 or tuple(images.shape[1:]) != self.input_shape[1:]:
+            raise IDXFormatError(
+                f"{image_path} holds images of shape {tuple(images.shape)}, expected "
+                f"N×{self.input_shape[1]}×{self.input_shape[2]}. Replace the file."
+            )
+        if labels.ndim != 1 or len(labels) != len(images):
+            raise IDXFormatError(
+                f"{label_path} has {labels.shape[0] if labels.ndim else 0} labels for "
+                f"{len(images)} images in {image_path}: the files do not belong together."
+            )
+        if labels.numel() and int(labels.max()) >= self.num_classes:
+            raise IDXFormatError(
+                f"{label_path} has label {int(labels.max())}, the dataset has "
+                f"{self.num_classes} classes. Replace the file."
+            )
+        return images.unsqueeze(1).contiguous(), labels.long()

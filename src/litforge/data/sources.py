@@ -1,0 +1,140 @@
+"""Where dataset files come from: the data dir, the system dataset dir, then a download.
+
+The same lookup serves every dataset, so "where are my files?" has one answer:
+
+1. `<data_dir>/<name>/` (default `<project>/data/<name>/`),
+2. `<system_dir>/<system_name>/`, the directory Debian's dataset packages install into
+   (`/usr/share/datasets/fashion-mnist` from `apt-get install dataset-fashion-mnist`),
+3. a download into `<data_dir>/<name>/` from the dataset's mirrors, checked against its MD5 sums.
+
+If none of them works, `DatasetNotFoundError` lists every place tried and how to fix it.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from litforge.errors import UserError
+
+log = logging.getLogger(__name__)
+
+DOWNLOAD_TIMEOUT_S = 30
+
+
+class DatasetNotFoundError(UserError):
+    """No source had the dataset's files."""
+
+
+@dataclass(frozen=True)
+class DatasetSource:
+    """What a dataset is called in each place and which files make it complete.
+
+    `files` lists each required file without a compression suffix; a file is also found with a
+    `.gz` suffix. `resources` are the (archive name, md5) pairs to download from each mirror.
+    """
+
+    name: str
+    files: tuple[str, ...]
+    mirrors: tuple[str, ...] = ()
+    resources: tuple[tuple[str, str], ...] = ()
+    system_name: str | None = None
+    debian_package: str | None = None
+    extract: bool = False  # archives that unpack into `files` (CIFAR-10's tarball)
+    aliases: tuple[str, ...] = field(default=())  # other dirs in data_dir, e.g. torchvision's
+
+
+def find_file(directory: Path, filename: str) -> Path | None:
+    """`directory/filename`, or its gzipped copy; None when neither exists."""
+    for candidate in (directory / filename, directory / f"{filename}.gz"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def is_complete(directory: Path, files: Sequence[str]) -> bool:
+    return all(find_file(directory, f) is not None for f in files)
+
+
+def candidate_dirs(source: DatasetSource, data_dir: Path, system_dir: Path | None) -> list[Path]:
+    """The local directories searched, in order."""
+    dirs = [data_dir / source.name, *(data_dir / alias for alias in source.aliases)]
+    if system_dir is not None:
+        dirs.append(system_dir / (source.system_name or source.name))
+    return dirs
+
+
+def download(source: DatasetSource, target: Path) -> list[str]:
+    """Try each mirror for each resource into `target`; returns the failures (empty on success)."""
+    # torchvision's helpers follow redirects and check MD5 sums; imported here because they are
+    # only needed when files are missing.
+    from torchvision.datasets.utils import download_and_extract_archive, download_url
+
+    created = [d for d in (target, *target.parents) if not d.exists()]  # to undo on failure
+    target.mkdir(parents=True, exist_ok=True)
+    failures: list[str] = []
+    previous_timeout = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)  # an unreachable mirror must not hang a run
+    try:
+        for filename, md5 in source.resources:
+            for mirror in source.mirrors:
+                url = f"{mirror}{filename}"
+                try:
+                    if source.extract:
+                        download_and_extract_archive(url, str(target), filename=filename, md5=md5)
+                    else:
+                        download_url(url, str(target), filename=filename, md5=md5)
+                    break
+                except Exception as err:  # network errors come in many types; all mean "next"
+                    failures.append(f"{url}: {err}")
+                    (target / filename).unlink(missing_ok=True)  # no half-written archive
+            else:
+                break
+    finally:
+        socket.setdefaulttimeout(previous_timeout)
+    if is_complete(target, source.files):
+        return []
+    for directory in created:  # innermost first: leave nothing behind from a failed attempt
+        if directory.is_dir() and not any(directory.iterdir()):
+            directory.rmdir()
+    return failures or [f"{target}: incomplete after download"]
+
+
+def locate(
+    source: DatasetSource,
+    data_dir: str | Path,
+    system_dir: str | Path | None = "/usr/share/datasets",
+    allow_download: bool = True,
+) -> Path:
+    """Return the first directory holding all of the dataset's files, downloading if needed."""
+    data_dir = Path(data_dir).expanduser()
+    system = Path(system_dir).expanduser() if system_dir else None
+    tried = candidate_dirs(source, data_dir, system)
+    for directory in tried:
+        if is_complete(directory, source.files):
+            return directory
+
+    failures = ["download disabled (data.download=false)"]
+    if allow_download and source.mirrors:
+        target = data_dir / source.name
+        log.info("Downloading %s into %s", source.name, target)
+        failures = download(source, target)
+        if not failures:
+            return target
+
+    lines = [f"dataset '{source.name}' not found. Looked for {', '.join(source.files)} in:"]
+    lines += [f"  - {d}" for d in tried]
+    lines.append(f"  - download: {failures[-1] if failures else 'no mirrors'}")
+    lines.append(
+        f"Fix: put the files into {data_dir / source.name} (or point data.data_dir at the folder "
+        f"that holds {source.name}/)"
+    )
+    if source.debian_package:
+        lines.append(
+            f"  or install Debian's copy: sudo apt-get install -y {source.debian_package}"
+        )
+    lines.append(f"  or fetch it on a machine with internet: python -m litforge.data fetch {source.name}")
+    raise DatasetNotFoundError("\n".join(lines))
