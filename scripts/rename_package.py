@@ -27,8 +27,11 @@ def current_name() -> str:
 def project_files() -> list[Path]:
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [ROOT / name for name in listed.split("\0") if name and (ROOT / name).is_file()]
 
 

@@ -1,9 +1,9 @@
 from pathlib import Path
 
 import pytest
+from helpers import write_idx_dataset
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
-from helpers import write_idx_dataset
 
 
 @pytest.fixture(autouse=True)

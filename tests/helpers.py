@@ -16,7 +16,6 @@ from omegaconf import DictConfig, open_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-FASHION_MNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
 IDX_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
@@ -94,7 +93,7 @@ def run_script(
     )
 
 
-OFFLINE_SITECUSTOMIZE = '''
+OFFLINE_SITECUSTOMIZE = """
 import socket
 
 def _refuse(*args, **kwargs):
@@ -102,7 +101,7 @@ def _refuse(*args, **kwargs):
 
 socket.socket.connect = _refuse
 socket.getaddrinfo = _refuse
-'''
+"""
 
 
 def offline_env(tmp_path: Path) -> dict[str, str]:

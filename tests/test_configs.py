@@ -14,8 +14,18 @@ OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml")
 
 
 def test_groups_are_the_documented_ones():
-    assert set(GROUPS) >= {"data", "model", "strategy", "trainer", "callbacks", "logger", "paths",
-                           "extras", "debug", "experiment"}  # fmt: skip
+    assert set(GROUPS) >= {
+        "data",
+        "model",
+        "strategy",
+        "trainer",
+        "callbacks",
+        "logger",
+        "paths",
+        "extras",
+        "debug",
+        "experiment",
+    }
 
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])

@@ -12,8 +12,12 @@ from litforge.data import __main__ as data_cli
 def fetch(*args, env=None):
     return subprocess.run(
         [sys.executable, "-m", "litforge.data", "fetch", *args],
-        cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_fetch_reports_where_the_files_are(tmp_path):
@@ -24,8 +28,14 @@ def test_fetch_reports_where_the_files_are(tmp_path):
 
 
 def test_fetch_offline_fails_with_the_places_tried(tmp_path):
-    result = fetch("mnist", "--data-dir", str(tmp_path / "d"), "--system-dir", str(tmp_path),
-                   env=offline_env(tmp_path))  # fmt: skip
+    result = fetch(
+        "mnist",
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--system-dir",
+        str(tmp_path),
+        env=offline_env(tmp_path),
+    )
     assert result.returncode == 1
     assert result.stderr.startswith("error: dataset 'mnist' not found")
     assert "Traceback" not in result.stderr

@@ -10,14 +10,20 @@ from litforge.pipeline import evaluate, train
 def test_eval_reproduces_the_training_test_metrics(tmp_path, idx_data_dir):
     overrides = ["data=mnist", "data.val_size=100", "trainer.max_epochs=1"]
     # A non-default network: eval must take its shape from the checkpoint, not from the config.
-    trained = train(compose_config("train", tmp_path / "t", [
-        *overrides, "model.net.hidden_sizes=[32]", f"paths.data_dir={idx_data_dir}"
-    ]))  # fmt: skip
+    trained = train(
+        compose_config(
+            "train",
+            tmp_path / "t",
+            [*overrides, "model.net.hidden_sizes=[32]", f"paths.data_dir={idx_data_dir}"],
+        )
+    )
     best = next((tmp_path / "t" / "run" / "checkpoints").glob("epoch_*.ckpt"))
 
-    cfg = compose_config("eval", tmp_path / "e", [
-        "data=mnist", f"ckpt_path={best}", f"paths.data_dir={idx_data_dir}"
-    ])  # fmt: skip
+    cfg = compose_config(
+        "eval",
+        tmp_path / "e",
+        ["data=mnist", f"ckpt_path={best}", f"paths.data_dir={idx_data_dir}"],
+    )
     evaluated = evaluate(cfg)
     assert evaluated["test/acc"] == trained["test/acc"]
     assert evaluated["test/loss"] == pytest.approx(trained["test/loss"], rel=1e-6)
@@ -25,13 +31,24 @@ def test_eval_reproduces_the_training_test_metrics(tmp_path, idx_data_dir):
 
 
 def test_checkpoint_of_another_dataset_is_refused(tmp_path, idx_data_dir):
-    train(compose_config("train", tmp_path / "t", [
-        "data=mnist", "data.val_size=100", "trainer.max_epochs=1", f"paths.data_dir={idx_data_dir}"
-    ]))  # fmt: skip
+    train(
+        compose_config(
+            "train",
+            tmp_path / "t",
+            [
+                "data=mnist",
+                "data.val_size=100",
+                "trainer.max_epochs=1",
+                f"paths.data_dir={idx_data_dir}",
+            ],
+        )
+    )
     last = tmp_path / "t" / "run" / "checkpoints" / "last.ckpt"
-    cfg = compose_config("eval", tmp_path / "e", [
-        "data=fashion_mnist", f"ckpt_path={last}", f"paths.data_dir={idx_data_dir}"
-    ])  # fmt: skip
+    cfg = compose_config(
+        "eval",
+        tmp_path / "e",
+        ["data=fashion_mnist", f"ckpt_path={last}", f"paths.data_dir={idx_data_dir}"],
+    )
     with pytest.raises(UserError, match="was trained on 'mnist'.*Add data=mnist"):
         evaluate(cfg)
 

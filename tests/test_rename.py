@@ -12,8 +12,11 @@ from helpers import ROOT, run_script, write_idx_dataset
 def test_renamed_copy_trains_under_the_new_name(tmp_path):
     files = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
-    ).stdout.split()  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     copy = tmp_path / "myproject"
     for name in files:
         if (ROOT / name).is_file():
@@ -21,19 +24,32 @@ def test_renamed_copy_trains_under_the_new_name(tmp_path):
             shutil.copy2(ROOT / name, copy / name)
     subprocess.run(["git", "init", "-q"], cwd=copy, check=True)
 
-    result = subprocess.run([sys.executable, "scripts/rename_package.py", "mynet"], cwd=copy,
-                            capture_output=True, text=True)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "scripts/rename_package.py", "mynet"],
+        cwd=copy,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stdout
     assert (copy / "src" / "mynet" / "pipeline.py").is_file()
     assert not (copy / "src" / "litforge").exists()
-    leftovers = [p for p in copy.rglob("*") if p.is_file() and ".git" not in p.parts
-                 and "litforge" in p.read_text(errors="ignore")]  # fmt: skip
+    leftovers = [
+        p
+        for p in copy.rglob("*")
+        if p.is_file() and ".git" not in p.parts and "litforge" in p.read_text(errors="ignore")
+    ]
     assert leftovers == []
 
     data_dir = write_idx_dataset(tmp_path / "data" / "mnist", n_train=200, n_test=50).parent
     run = run_script(
-        "train.py", "debug=fdr", "data=mnist", "data.val_size=50", f"paths.data_dir={data_dir}",
-        f"hydra.run.dir={tmp_path / 'run'}", cwd=copy, env={"PYTHONPATH": str(copy / "src")},
-    )  # fmt: skip
+        "train.py",
+        "debug=fdr",
+        "data=mnist",
+        "data.val_size=50",
+        f"paths.data_dir={data_dir}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=copy,
+        env={"PYTHONPATH": str(copy / "src")},
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "mynet.models.mlp.MLP" in (tmp_path / "run" / ".hydra" / "config.yaml").read_text()

@@ -63,9 +63,12 @@ def test_unknown_optimized_metric_is_a_clear_error(tmp_path):
 def test_cli_run_then_eval_reproduces_the_test_metric(tmp_path, idx_data_dir):
     run_dir = tmp_path / "run"
     result = run_script(
-        "train.py", *FAST[:-1], "trainer.max_epochs=1", f"paths.data_dir={idx_data_dir}",
+        "train.py",
+        *FAST[:-1],
+        "trainer.max_epochs=1",
+        f"paths.data_dir={idx_data_dir}",
         f"hydra.run.dir={run_dir}",
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (run_dir / ".hydra" / "config.yaml").is_file()
     assert (run_dir / "config_tree.log").is_file()
@@ -75,9 +78,12 @@ def test_cli_run_then_eval_reproduces_the_test_metric(tmp_path, idx_data_dir):
     best = next((run_dir / "checkpoints").glob("epoch_*.ckpt"))
     eval_dir = tmp_path / "eval"
     result = run_script(
-        "eval.py", f"ckpt_path={best}", "data=mnist", f"paths.data_dir={idx_data_dir}",
+        "eval.py",
+        f"ckpt_path={best}",
+        "data=mnist",
+        f"paths.data_dir={idx_data_dir}",
         f"hydra.run.dir={eval_dir}",
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     evaluated = json.loads((eval_dir / "metrics.json").read_text())
     assert evaluated["test/acc"] == trained["test/acc"]

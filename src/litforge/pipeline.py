@@ -48,7 +48,7 @@ def build_model(cfg: DictConfig, datamodule: InMemoryImageDataModule) -> Classif
 
 
 def _instantiate_all(group: DictConfig | None) -> list[Any]:
-    """Instantiate every entry of a `{name: {_target_: ...}}` group; null entries are switched off."""
+    """Instantiate each entry of a `{name: {_target_: ...}}` group; null entries are off."""
     if not group:
         return []
     return [instantiate(entry) for entry in group.values() if entry and "_target_" in entry]
@@ -60,9 +60,7 @@ def build_trainer(cfg: DictConfig) -> L.Trainer:
     strategy = instantiate(cfg.strategy) if "_target_" in cfg.strategy else cfg.strategy.name
     if loggers:
         callbacks.append(LogRunConfig(OmegaConf.to_container(cfg, resolve=True)))
-    return instantiate(
-        cfg.trainer, strategy=strategy, callbacks=callbacks, logger=loggers or False
-    )
+    return instantiate(cfg.trainer, strategy=strategy, callbacks=callbacks, logger=loggers or False)
 
 
 class LogRunConfig(Callback):

@@ -22,7 +22,9 @@ def print_config(cfg: DictConfig, save_to: Path | None = None) -> None:
     keys = [k for k in CONFIG_ORDER if k in cfg] + [k for k in cfg if k not in CONFIG_ORDER]
     for key in keys:
         value = cfg[key]
-        text = OmegaConf.to_yaml(value, resolve=True) if isinstance(value, DictConfig) else str(value)
+        text = (
+            OmegaConf.to_yaml(value, resolve=True) if isinstance(value, DictConfig) else str(value)
+        )
         tree.add(f"[bold]{key}[/]").add(rich.syntax.Syntax(text, "yaml", theme="ansi_dark"))
     rich.print(tree)
     if save_to is not None:

@@ -1,20 +1,27 @@
-"""`data=fashion_mnist` on the real dataset from Debian's dataset-fashion-mnist package."""
+"""`data=fashion_mnist` on the real dataset: `make data` put it in ./data or Debian's package in
+/usr/share/datasets (apt-get install dataset-fashion-mnist)."""
 
 import pytest
-from helpers import FASHION_MNIST_SYSTEM_DIR, compose_config
+from helpers import ROOT, compose_config
 
-from litforge.data.fashion_mnist import FashionMNISTDataModule
+from litforge.data.fashion_mnist import FASHION_MNIST, FashionMNISTDataModule
+from litforge.data.sources import DatasetNotFoundError, locate
 from litforge.pipeline import train
 
+DATA_DIR = ROOT / "data"
+try:
+    REAL_DIR = locate(FASHION_MNIST, DATA_DIR, allow_download=False)
+except DatasetNotFoundError:
+    REAL_DIR = None
 needs_fashion_mnist = pytest.mark.skipif(
-    not FASHION_MNIST_SYSTEM_DIR.is_dir(),
-    reason=f"{FASHION_MNIST_SYSTEM_DIR} missing: apt-get install -y dataset-fashion-mnist",
+    REAL_DIR is None,
+    reason="Fashion-MNIST not found: run `make data` (or apt-get install -y dataset-fashion-mnist)",
 )
 
 
 @needs_fashion_mnist
 def test_real_files_load_with_official_sizes(tmp_path):
-    dm = FashionMNISTDataModule(data_dir=str(tmp_path), download=False)
+    dm = FashionMNISTDataModule(data_dir=str(DATA_DIR), download=False)
     dm.setup()
     assert (len(dm.data_train), len(dm.data_val), len(dm.data_test)) == (55000, 5000, 10000)
     assert dm.data_test.tensors[1].bincount().tolist() == [1000] * 10
@@ -27,7 +34,10 @@ def test_real_files_load_with_official_sizes(tmp_path):
 @needs_fashion_mnist
 @pytest.mark.slow
 def test_mlp_reaches_85_percent_on_the_real_test_set(tmp_path):
-    # Real data from the system dir; the data dir is empty so nothing else can be used.
-    cfg = compose_config("train", tmp_path, ["trainer.max_epochs=2", "data.download=false"])
+    cfg = compose_config(
+        "train",
+        tmp_path,
+        ["trainer.max_epochs=2", "data.download=false", f"paths.data_dir={DATA_DIR}"],
+    )
     metrics = train(cfg)
     assert metrics["test/acc"] >= 0.85

@@ -1,6 +1,5 @@
 """The IDX reader shared by MNIST and Fashion-MNIST, on files written in the real format."""
 
-
 import numpy as np
 import pytest
 import torch

@@ -18,7 +18,7 @@ def test_splits_shapes_and_normalization(tmp_path):
     assert (len(dm.data_train), len(dm.data_val), len(dm.data_test)) == (240, 60, 50)
     x, y = next(iter(dm.train_dataloader()))
     assert x.shape == (64, 1, 28, 28) and x.dtype == torch.float32
-    assert y.dtype == torch.int64 and 0 <= int(y.min()) and int(y.max()) <= 9
+    assert y.dtype == torch.int64 and int(y.min()) >= 0 and int(y.max()) <= 9
     assert dm.input_shape == (1, 28, 28) and dm.num_classes == 10
     # normalized with MNIST's mean/std: a 0 pixel becomes -mean/std
     assert torch.isclose(x.min(), torch.tensor(-0.1307 / 0.3081), atol=1e-4)

@@ -54,8 +54,11 @@ def test_no_source_lists_every_place_and_the_fixes(tmp_path, no_network):
         locate(FASHION_MNIST, data_dir, system_dir)
     message = str(caught.value)
     assert message.startswith("dataset 'fashion_mnist' not found")
-    for place in (data_dir / "fashion_mnist", data_dir / "FashionMNIST/raw",
-                  system_dir / "fashion-mnist"):  # fmt: skip
+    for place in (
+        data_dir / "fashion_mnist",
+        data_dir / "FashionMNIST/raw",
+        system_dir / "fashion-mnist",
+    ):
         assert f"  - {place}\n" in message
     assert "download: http://fashion-mnist" in message and "network disabled" in message
     assert "sudo apt-get install -y dataset-fashion-mnist" in message

@@ -35,13 +35,15 @@ def dataset_source(name: str) -> DatasetSource:
 
 
 def install_debian_package(source: DatasetSource) -> bool:
-    """Install the dataset's Debian package when we are root and apt-get exists; say what happens."""
+    """Install the dataset's Debian package if we are root and have apt-get; say what happens."""
     package = source.debian_package
     if not package or shutil.which("apt-get") is None:
         return False
     if os.geteuid() != 0:
-        print(f"No source had {source.name}. Install Debian's copy with:\n"
-              f"  sudo apt-get install -y {package}")  # fmt: skip
+        print(
+            f"No source had {source.name}. Install Debian's copy with:\n"
+            f"  sudo apt-get install -y {package}"
+        )
         return False
     print(f"No source had {source.name}: installing Debian's package {package} (apt-get).")
     command = ["apt-get", "install", "-y", "-q", package]
@@ -62,8 +64,11 @@ def fetch(name: str, data_dir: str, system_dir: str, apt: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m litforge.data", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m litforge.data",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     fetch_parser = commands.add_parser("fetch", help="find or download a dataset")
     fetch_parser.add_argument("name", help="dataset, e.g. mnist or fashion_mnist")

@@ -26,8 +26,16 @@ FASHION_MNIST = DatasetSource(
 class FashionMNISTDataModule(IDXDataModule):
     source = FASHION_MNIST
     class_names = (
-        "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-        "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
-    )  # fmt: skip
+        "T-shirt/top",
+        "Trouser",
+        "Pullover",
+        "Dress",
+        "Coat",
+        "Sandal",
+        "Shirt",
+        "Sneaker",
+        "Bag",
+        "Ankle boot",
+    )
     mean = (0.2860,)
     std = (0.3530,)

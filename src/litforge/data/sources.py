@@ -133,8 +133,8 @@ def locate(
         f"that holds {source.name}/)"
     )
     if source.debian_package:
-        lines.append(
-            f"  or install Debian's copy: sudo apt-get install -y {source.debian_package}"
-        )
-    lines.append(f"  or fetch it on a machine with internet: python -m litforge.data fetch {source.name}")
+        lines.append(f"  or install Debian's copy: sudo apt-get install -y {source.debian_package}")
+    lines.append(
+        f"  or fetch it on a machine with internet: python -m litforge.data fetch {source.name}"
+    )
     raise DatasetNotFoundError("\n".join(lines))

@@ -116,7 +116,10 @@ class ClassificationModule(L.LightningModule):
             return {"optimizer": optimizer}
         scheduler_cfg = dict(self.hparams.scheduler)
         # Lightning's scheduler settings ride along in the same config; the rest builds it.
-        lightning_keys = {k: scheduler_cfg.pop(k) for k in ("interval", "frequency", "monitor")
-                          if k in scheduler_cfg}  # fmt: skip
+        lightning_keys = {
+            k: scheduler_cfg.pop(k)
+            for k in ("interval", "frequency", "monitor")
+            if k in scheduler_cfg
+        }
         scheduler = instantiate(scheduler_cfg)(optimizer=optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, **lightning_keys}}

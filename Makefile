@@ -1,0 +1,36 @@
+# Two commands from a fresh clone: `make train` and `make test`. Each installs what it needs
+# into the active Python environment (a venv or conda env of yours is respected).
+PYTHON ?= python3
+DATASET ?= fashion_mnist
+ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help install data train test test-fast lint clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+.installed: pyproject.toml
+	$(PYTHON) -m pip install -e ".[dev]"
+	@touch $@
+
+install: .installed  ## pip install -e ".[dev]" (again only when pyproject.toml changes)
+
+data: .installed  ## find or download DATASET (default fashion_mnist); offline: Debian's package
+	$(PYTHON) -m litforge.data fetch $(DATASET) --apt
+
+train: data  ## python train.py $(ARGS), e.g. make train ARGS="model.optimizer.lr=0.01"
+	$(PYTHON) train.py $(ARGS)
+
+test: .installed  ## the whole test suite (real-data tests skip, saying why, without the data)
+	-@$(PYTHON) -m litforge.data fetch fashion_mnist --apt || echo "(tests that need Fashion-MNIST will be skipped)"
+	$(PYTHON) -m pytest
+
+test-fast: .installed  ## the tests not marked slow
+	$(PYTHON) -m pytest -m "not slow"
+
+lint: .installed  ## ruff and file hygiene through pre-commit
+	pre-commit run --all-files
+
+clean:  ## remove run outputs (logs/) and caches; keeps data/
+	rm -rf logs outputs multirun .pytest_cache .ruff_cache
