@@ -86,3 +86,9 @@ def test_experiment_overlay_wins_over_defaults(tmp_path):
 def test_debug_overlay_uses_its_own_log_folder(tmp_path):
     cfg = compose_config("train", tmp_path, ["debug=fdr"])
     assert cfg.trainer.fast_dev_run is True and cfg.task_name == "debug"
+
+
+def test_no_logger_runs_without_the_learning_rate_monitor(tmp_path):
+    trainer = build_trainer(compose_config("train", tmp_path, ["logger=none"]))
+    assert trainer.loggers == []
+    assert not any(type(cb).__name__ == "LearningRateMonitor" for cb in trainer.callbacks)

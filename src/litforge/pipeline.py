@@ -15,7 +15,7 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
@@ -57,6 +57,9 @@ def _instantiate_all(group: DictConfig | None) -> list[Any]:
 def build_trainer(cfg: DictConfig) -> L.Trainer:
     callbacks: list[Callback] = _instantiate_all(cfg.get("callbacks"))
     loggers: list[Logger] = _instantiate_all(cfg.get("logger"))
+    if not loggers and any(isinstance(cb, LearningRateMonitor) for cb in callbacks):
+        log.info("logger=none: the learning-rate monitor has nowhere to log, leaving it out.")
+        callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
     strategy = instantiate(cfg.strategy) if "_target_" in cfg.strategy else cfg.strategy.name
     if loggers:
         callbacks.append(LogRunConfig(OmegaConf.to_container(cfg, resolve=True)))
