@@ -110,3 +110,29 @@ def offline_env(tmp_path: Path) -> dict[str, str]:
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(OFFLINE_SITECUSTOMIZE)
     return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+
+
+def write_cifar10(directory: Path, per_batch: int = 40, n_test: int = 40) -> Path:
+    """A small `cifar-10-batches-py` folder: five training batches, `test_batch` and
+    `batches.meta`, pickled dicts of a uint8 N×3072 array (1024 red, 1024 green, 1024 blue values
+    per image) and a list of labels, as the original files hold them."""
+    import pickle
+
+    folder = directory / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for seed, name in enumerate(names):
+        n = n_test if name == "test_batch" else per_batch
+        rng = np.random.default_rng(seed)
+        labels = rng.integers(0, 10, n)
+        images = rng.integers(0, 80, (n, 3, 32, 32)).astype(np.uint8)
+        for i, label in enumerate(labels):  # class = which of ten bands is bright, in red
+            images[i, 0, 3 * label : 3 * label + 3, :] = 255
+        batch = {"batch_label": f"{name} of 6", "labels": labels.tolist(),
+                 "data": images.reshape(n, 3072), "filenames": [f"{i}.png" for i in range(n)]}  # fmt: skip
+        (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
+    meta = {"num_cases_per_batch": per_batch, "num_vis": 3072,
+            "label_names": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog",
+                            "horse", "ship", "truck"]}  # fmt: skip
+    (folder / "batches.meta").write_bytes(pickle.dumps(meta, protocol=2))
+    return folder

@@ -1,5 +1,6 @@
 """`data=mnist`: the datamodule on MNIST-format files the test writes."""
 
+import pytest
 import torch
 from helpers import write_idx_dataset
 
@@ -10,18 +11,29 @@ def make(tmp_path, **kwargs):
     return MNISTDataModule(data_dir=str(tmp_path), system_dir=None, download=False, **kwargs)
 
 
-def test_splits_shapes_and_normalization(tmp_path):
+@pytest.mark.parametrize("loader", ["tensor", "torch"])
+def test_splits_shapes_and_normalization(tmp_path, loader):
     write_idx_dataset(tmp_path / "mnist", n_train=300, n_test=50, gz=True)
-    dm = make(tmp_path, batch_size=64, val_size=60)
+    dm = make(tmp_path, batch_size=64, val_size=60, loader=loader)
     dm.prepare_data()
     dm.setup()
-    assert (len(dm.data_train), len(dm.data_val), len(dm.data_test)) == (240, 60, 50)
+    assert [len(dm.splits[s][1]) for s in ("train", "val", "test")] == [240, 60, 50]
     x, y = next(iter(dm.train_dataloader()))
     assert x.shape == (64, 1, 28, 28) and x.dtype == torch.float32
     assert y.dtype == torch.int64 and int(y.min()) >= 0 and int(y.max()) <= 9
     assert dm.input_shape == (1, 28, 28) and dm.num_classes == 10
     # normalized with MNIST's mean/std: a 0 pixel becomes -mean/std
     assert torch.isclose(x.min(), torch.tensor(-0.1307 / 0.3081), atol=1e-4)
+    assert len(dm.train_dataloader()) == 4 and len(dm.test_dataloader()) == 1
+
+
+def test_both_loaders_give_the_same_evaluation_batches(tmp_path):
+    write_idx_dataset(tmp_path / "mnist", n_train=200, n_test=70)
+    fast, classic = make(tmp_path, val_size=50), make(tmp_path, val_size=50, loader="torch")
+    fast.setup()
+    classic.setup()
+    for a, b in zip(fast.test_dataloader(), classic.test_dataloader(), strict=True):
+        assert torch.allclose(a[0], b[0], atol=1e-6) and torch.equal(a[1], b[1])
 
 
 def test_validation_split_is_seeded_and_disjoint(tmp_path):
@@ -30,7 +42,7 @@ def test_validation_split_is_seeded_and_disjoint(tmp_path):
     def split(seed):
         dm = make(tmp_path, val_size=50, split_seed=seed)
         dm.setup("fit")
-        return dm.data_val.tensors[0], dm.data_train.tensors[0]
+        return dm.splits["val"][0], dm.splits["train"][0]
 
     val_a, train_a = split(0)
     val_b, _ = split(0)
@@ -38,5 +50,11 @@ def test_validation_split_is_seeded_and_disjoint(tmp_path):
     assert torch.equal(val_a, val_b)
     assert not torch.equal(val_a, val_c)
     # no validation image is also a training image (the synthetic images are all distinct)
-    train_rows = {tuple(row.flatten()[:200].tolist()) for row in train_a}
-    assert not any(tuple(row.flatten()[:200].tolist()) in train_rows for row in val_a)
+    train_rows = {tuple(row.flatten().tolist()) for row in train_a}
+    assert not any(tuple(row.flatten().tolist()) in train_rows for row in val_a)
+
+
+def test_val_size_larger_than_the_files_is_a_clear_error(tmp_path):
+    write_idx_dataset(tmp_path / "mnist", n_train=100, n_test=20)
+    with pytest.raises(Exception, match=r"data.val_size=100 leaves no training data"):
+        make(tmp_path, val_size=100).setup()

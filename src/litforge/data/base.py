@@ -1,27 +1,41 @@
 """A LightningDataModule for image datasets that fit in memory.
 
-Subclasses say how to read their files (`load_split`) and what the data is (`source`, `input_shape`,
-`class_names`, `mean`, `std`); this class does the rest the same way for all of them: find or
-download the files once, decode them into uint8 tensors, carve a seeded validation split from
-the training set, normalize once, and serve batches.
+Subclasses say how to read their files (`load_split`) and what the data is (`source`,
+`input_shape`, `class_names`, `mean`, `std`); this class does the rest the same way for all of
+them: find or download the files once, decode them once into uint8 tensors (cached in the data
+dir), carve a seeded validation split, and serve batches in one of two ways:
+
+- `loader="tensor"` (default): `TensorBatchLoader`, batches gathered from tensors on the training
+  device; normalization, augmentation and shuffling on whole batches. No worker processes.
+- `loader="torch"`: a classic `DataLoader` with per-sample torchvision transforms, the path to
+  copy for datasets that do not fit in memory.
 """
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import ClassVar
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 
+from litforge.data.loaders import BatchAugment, EpochShuffler, TensorBatchLoader
 from litforge.data.sources import DatasetSource, locate
 from litforge.errors import UserError
+
+log = logging.getLogger(__name__)
+
+CACHE_FORMAT = 1  # bump when the cached tensors change meaning
+LOADERS = ("tensor", "torch")
 
 
 class InMemoryImageDataModule(L.LightningDataModule):
     source: ClassVar[DatasetSource]
     input_shape: ClassVar[tuple[int, int, int]]  # channels, height, width
     class_names: ClassVar[tuple[str, ...]]
+    num_train_images: ClassVar[int]  # the official training split's size
     mean: ClassVar[tuple[float, ...]]  # per channel, of the training images scaled to [0, 1]
     std: ClassVar[tuple[float, ...]]
 
@@ -33,83 +47,180 @@ class InMemoryImageDataModule(L.LightningDataModule):
         batch_size: int = 128,
         val_size: int = 5000,
         split_seed: int = 0,
+        loader: str = "tensor",
+        crop_padding: int = 0,
+        horizontal_flip: bool = False,
+        cache: bool = True,
         num_workers: int = 0,
         pin_memory: bool = False,
     ) -> None:
         super().__init__()
         if batch_size <= 0:
             raise UserError(f"data.batch_size must be positive, got {batch_size}.")
-        if val_size < 0:
-            raise UserError(f"data.val_size must be >= 0, got {val_size}.")
+        if not 0 <= val_size < self.num_train_images:
+            raise UserError(
+                f"data.val_size={val_size} must be at least 0 and below the "
+                f"{self.num_train_images} training images of {self.source.name}."
+            )
+        if loader not in LOADERS:
+            raise UserError(f"data.loader={loader} is not one of: {', '.join(LOADERS)}.")
         # Plain values only: they go into checkpoints, which must load with weights_only=True.
-        self.save_hyperparameters({"name": self.source.name, **_plain(locals())})
-        self.data_train: TensorDataset | None = None
-        self.data_val: TensorDataset | None = None
-        self.data_test: TensorDataset | None = None
+        arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        self.save_hyperparameters({"name": self.source.name, **arguments})
+        self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # uint8 images, labels
 
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
 
-    def load_split(self, directory, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    # --- what a dataset module provides -----------------------------------------------------
+
+    def load_split(self, directory: Path, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Read the train or test split from `directory`: uint8 images N×C×H×W, int64 labels N."""
         raise NotImplementedError
 
-    def locate(self, allow_download: bool = False):
+    # --- finding, decoding, caching ---------------------------------------------------------
+
+    def locate(self, allow_download: bool = False) -> Path:
         """The directory holding the dataset's files (see `litforge.data.sources`)."""
         hp = self.hparams
         return locate(self.source, hp.data_dir, hp.system_dir, allow_download and hp.download)
 
+    @property
+    def cache_path(self) -> Path:
+        return Path(self.hparams.data_dir).expanduser() / self.source.name / "decoded-uint8.pt"
+
+    def decode(self, directory: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        return {
+            "train": self.load_split(directory, train=True),
+            "test": self.load_split(directory, train=False),
+        }
+
+    def read_cache(self, directory: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
+        """The cached decoded tensors, if they were made from `directory`'s files."""
+        if not (self.hparams.cache and self.cache_path.is_file()):
+            return None
+        try:
+            cached = torch.load(self.cache_path, weights_only=True)
+        except Exception as err:  # a damaged cache is rebuilt from the original files
+            log.warning("Ignoring unreadable cache %s (%s); decoding the files again.",
+                        self.cache_path, err)  # fmt: skip
+            return None
+        if cached.get("format") != CACHE_FORMAT or cached.get("source") != str(directory):
+            log.info("Cache %s is from another format or source; decoding the files again.",
+                     self.cache_path)  # fmt: skip
+            return None
+        return cached["splits"]
+
+    def write_cache(self, directory: Path, splits) -> None:
+        path = self.cache_path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(".pt.partial")
+            torch.save(
+                {"format": CACHE_FORMAT, "source": str(directory), "splits": splits}, partial
+            )
+            partial.replace(path)  # atomic: a reader sees the old cache or the new one
+        except OSError as err:  # a read-only data dir only costs the next run the decoding time
+            log.warning("Could not cache decoded tensors at %s: %s", path, err)
+
     def prepare_data(self) -> None:
-        # Lightning calls this on one process per node: the only place that downloads.
-        self.locate(allow_download=True)
+        # Lightning calls this on one process per node: the only place that downloads or writes.
+        directory = self.locate(allow_download=True)
+        if self.hparams.cache and self.read_cache(directory) is None:
+            self.write_cache(directory, self.decode(directory))
 
     def setup(self, stage: str | None = None) -> None:
+        fit = stage in ("fit", "validate", None) and "train" not in self.splits
+        test = stage in ("test", "predict", None) and "test" not in self.splits
+        if not (fit or test):
+            return
         directory = self.locate()
-        if stage in ("fit", "validate", None) and self.data_train is None:
-            images, labels = self.load_split(directory, train=True)
+        decoded = self.read_cache(directory) or self.decode(directory)
+        if test:
+            self.splits["test"] = decoded["test"]
+        if fit:
+            images, labels = decoded["train"]
             n_val = self.hparams.val_size
             if n_val >= len(labels):
                 raise UserError(
-                    f"data.val_size={n_val} leaves no training data: the {self.source.name} "
-                    f"training set has {len(labels)} images. Use a smaller data.val_size."
+                    f"data.val_size={n_val} leaves no training data: {directory} holds "
+                    f"{len(labels)} training images. Use a smaller data.val_size."
                 )
             generator = torch.Generator().manual_seed(self.hparams.split_seed)
             order = torch.randperm(len(labels), generator=generator)
-            val_idx, train_idx = order[:n_val], order[n_val:]
-            self.data_train = self._dataset(images[train_idx], labels[train_idx])
-            self.data_val = self._dataset(images[val_idx], labels[val_idx])
-        if stage in ("test", "predict", None) and self.data_test is None:
-            self.data_test = self._dataset(*self.load_split(directory, train=False))
+            self.splits["val"] = (images[order[:n_val]], labels[order[:n_val]])
+            self.splits["train"] = (images[order[n_val:]], labels[order[n_val:]])
 
-    def _dataset(self, images: torch.Tensor, labels: torch.Tensor) -> TensorDataset:
-        # Normalize once here rather than per batch: on a CPU the per-batch cost is measurable.
+    # --- serving batches --------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        trainer = self.trainer
+        return trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+
+    def _shard(self) -> dict[str, int]:
+        trainer = self.trainer
+        kwargs = trainer.distributed_sampler_kwargs if trainer is not None else None
+        return kwargs or {"num_replicas": 1, "rank": 0}
+
+    def _loader(self, split: str, train: bool):
+        hp = self.hparams
+        images, labels = self.splits[split]
+        if hp.loader == "torch":
+            return DataLoader(
+                TransformedImages(images, labels, self._transform(train)),
+                batch_size=hp.batch_size,
+                shuffle=train,
+                num_workers=hp.num_workers,
+                pin_memory=hp.pin_memory,
+                persistent_workers=hp.num_workers > 0,
+            )
+        device = self.device
+        if device.type == "cpu":
+            images = self._normalize(images)  # once, instead of once per batch
+        black = [-m / s for m, s in zip(self.mean, self.std, strict=True)]
+        augment = BatchAugment(hp.crop_padding, hp.horizontal_flip, black) if train else None
+        sampler = EpochShuffler(len(labels), shuffle=train, pad=train, **self._shard())
+        return TensorBatchLoader(
+            images.to(device), labels.to(device), hp.batch_size, sampler,
+            self.mean, self.std, augment,
+        )  # fmt: skip
+
+    def _normalize(self, images: torch.Tensor) -> torch.Tensor:
         mean = torch.tensor(self.mean).view(1, -1, 1, 1)
         std = torch.tensor(self.std).view(1, -1, 1, 1)
-        return TensorDataset((images.float() / 255 - mean) / std, labels)
+        return (images.float() / 255 - mean) / std
 
-    def _loader(self, dataset: TensorDataset | None, shuffle: bool) -> DataLoader:
-        if dataset is None:
-            raise RuntimeError("setup() has not run for this split")
-        hp = self.hparams
-        return DataLoader(
-            dataset,
-            batch_size=hp.batch_size,
-            shuffle=shuffle,
-            num_workers=hp.num_workers,
-            pin_memory=hp.pin_memory,
-            persistent_workers=hp.num_workers > 0,
-        )
+    def _transform(self, train: bool):
+        from torchvision.transforms import v2
 
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.data_train, shuffle=True)
+        steps = []
+        if train and self.hparams.crop_padding > 0:
+            steps.append(v2.RandomCrop(self.input_shape[1:], padding=self.hparams.crop_padding))
+        if train and self.hparams.horizontal_flip:
+            steps.append(v2.RandomHorizontalFlip())
+        steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std)]
+        return v2.Compose(steps)
 
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.data_val, shuffle=False)
+    def train_dataloader(self):
+        return self._loader("train", train=True)
 
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.data_test, shuffle=False)
+    def val_dataloader(self):
+        return self._loader("val", train=False)
+
+    def test_dataloader(self):
+        return self._loader("test", train=False)
 
 
-def _plain(arguments: dict) -> dict:
-    return {k: v for k, v in arguments.items() if k not in ("self", "__class__")}
+class TransformedImages(Dataset):
+    """uint8 images with a per-sample transform: the classic `data.loader=torch` path."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform) -> None:
+        self.images, self.labels, self.transform = images, labels, transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.transform(self.images[index]), self.labels[index]

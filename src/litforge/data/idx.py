@@ -67,6 +67,7 @@ class IDXDataModule(InMemoryImageDataModule):
     """MNIST-format datasets: four IDX files, 1×28×28 uint8 images and uint8 labels."""
 
     input_shape = (1, 28, 28)
+    num_train_images = 60000
     split_files = {
         True: ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
         False: ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),

@@ -84,7 +84,9 @@ def download(source: DatasetSource, target: Path) -> list[str]:
                 url = f"{mirror}{filename}"
                 try:
                     if source.extract:
-                        download_and_extract_archive(url, str(target), filename=filename, md5=md5)
+                        download_and_extract_archive(
+                            url, str(target), filename=filename, md5=md5, remove_finished=True
+                        )
                     else:
                         download_url(url, str(target), filename=filename, md5=md5)
                     break

@@ -40,6 +40,7 @@ class ClassificationModule(L.LightningModule):
         optimizer: Mapping[str, Any],
         scheduler: Mapping[str, Any] | None = None,
         class_names: Sequence[str] | None = None,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(
@@ -53,6 +54,9 @@ class ClassificationModule(L.LightningModule):
             },
             logger=False,  # the pipeline logs the whole resolved run config instead
         )
+        # How to run the network, not what it is: kept out of the checkpoint, so that a
+        # checkpoint from a compiled run loads into an eager one and the other way round.
+        self.compile_net = compile
         self.net = instantiate(self.hparams.net, input_shape=input_shape, num_classes=num_classes)
 
         def metrics(prefix: str) -> MetricCollection:
@@ -71,6 +75,13 @@ class ClassificationModule(L.LightningModule):
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # part of the checkpoint, so a resumed run keeps it
+
+    def configure_model(self) -> None:
+        # Lightning calls this once the strategy is set up. `nn.Module.compile` compiles in
+        # place, so parameter names and state_dict keys stay free of torch.compile's
+        # `_orig_mod.` prefix.
+        if self.compile_net and not getattr(self.net, "_compiled_call_impl", None):
+            self.net.compile()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)

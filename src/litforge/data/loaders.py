@@ -1,0 +1,152 @@
+"""Batches straight from tensors held on the training device (the fast path, `data.loader=tensor`).
+
+MNIST, Fashion-MNIST and CIFAR-10 fit in memory, so a `DataLoader` that indexes one sample at a
+time and collates them is pure overhead. Here one index tensor per epoch says which samples each
+process takes (the semantics of `DistributedSampler`), and each batch is one gather, then
+normalization and augmentation on the whole batch — on the GPU when the data lives there.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Sequence
+
+import torch
+
+
+def global_seed() -> int:
+    # The seed Lightning's `seed_everything` exports to every process (its DistributedSampler
+    # uses the same one), so all processes of a run draw the same permutation.
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+
+class EpochShuffler:
+    """Which sample indices this process takes in an epoch.
+
+    Like `torch.utils.data.DistributedSampler`: one permutation per epoch, the same on every
+    process (seeded by the run seed and the epoch), padded by wrapping around so that each of
+    `num_replicas` processes gets the same number of samples; process `rank` takes every
+    `num_replicas`-th index. `pad=False` leaves the shards uneven instead (evaluation: no sample is
+    counted twice). Lightning calls `set_epoch` before each epoch, resumed runs included.
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        shuffle: bool,
+        num_replicas: int = 1,
+        rank: int = 0,
+        pad: bool = True,
+        seed: int | None = None,
+    ) -> None:
+        self.num_samples, self.shuffle, self.pad = num_samples, shuffle, pad
+        self.num_replicas, self.rank = num_replicas, rank
+        self.seed = global_seed() if seed is None else seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        if self.pad:
+            return math.ceil(self.num_samples / self.num_replicas)
+        return len(range(self.rank, self.num_samples, self.num_replicas))
+
+    def indices(self) -> torch.Tensor:
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.num_samples, generator=generator)
+        else:
+            order = torch.arange(self.num_samples)
+        if self.pad and self.num_replicas > 1:
+            total = len(self) * self.num_replicas
+            order = order.repeat(math.ceil(total / self.num_samples))[:total]
+        return order[self.rank :: self.num_replicas]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices().tolist())
+
+
+class BatchAugment:
+    """Train-time augmentation of a whole batch of normalized images (N×C×H×W).
+
+    `crop_padding`: pad each side by this many pixels with black, then crop back to the original
+    size at a random offset per image. `horizontal_flip`: mirror half of the images.
+    """
+
+    def __init__(
+        self, crop_padding: int, horizontal_flip: bool, black: torch.Tensor | Sequence[float]
+    ) -> None:
+        self.crop_padding, self.horizontal_flip = crop_padding, horizontal_flip
+        self.black = torch.as_tensor(black, dtype=torch.float32).view(1, -1, 1, 1)
+
+    @property
+    def active(self) -> bool:
+        return self.crop_padding > 0 or self.horizontal_flip
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        n, c, h, w = x.shape
+        if self.crop_padding > 0:
+            p = self.crop_padding
+            padded = self.black.to(x.device, x.dtype).expand(n, c, h + 2 * p, w + 2 * p).clone()
+            padded[:, :, p : p + h, p : p + w] = x
+            dy, dx = torch.randint(0, 2 * p + 1, (2, n, 1), generator=generator, device=x.device)
+            rows = (dy + torch.arange(h, device=x.device))[:, None, :, None]  # n×1×h×1
+            cols = (dx + torch.arange(w, device=x.device))[:, None, None, :]  # n×1×1×w
+            batch = torch.arange(n, device=x.device)[:, None, None, None]
+            channel = torch.arange(c, device=x.device)[None, :, None, None]
+            x = padded[batch, channel, rows, cols]
+        if self.horizontal_flip:
+            flip = torch.rand(n, generator=generator, device=x.device) < 0.5
+            x = torch.where(flip[:, None, None, None], x.flip(3), x)
+        return x
+
+
+class TensorBatchLoader:
+    """An iterable of (images, labels) batches for Lightning, from tensors on one device.
+
+    `images` are uint8 (normalized per batch with `mean`/`std`, the cheap choice on a GPU) or
+    float32 already normalized (the cheap choice on a CPU, where per-batch normalization costs
+    measurable time).
+    """
+
+    # Lightning looks for `sampler.set_epoch` (called each epoch) and inspects `batch_sampler`.
+    batch_sampler = None
+
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        batch_size: int,
+        sampler: EpochShuffler,
+        mean: Sequence[float],
+        std: Sequence[float],
+        augment: BatchAugment | None = None,
+        drop_last: bool = False,
+    ) -> None:
+        self.images, self.labels = images, labels
+        self.batch_size, self.sampler, self.drop_last = batch_size, sampler, drop_last
+        self.augment = augment if augment is not None and augment.active else None
+        self.mean = torch.tensor(mean, device=images.device).view(1, -1, 1, 1)
+        self.std = torch.tensor(std, device=images.device).view(1, -1, 1, 1)
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        device = self.images.device
+        indices = self.sampler.indices().to(device)
+        generator = None
+        if self.augment is not None:
+            generator = torch.Generator(device=device)
+            generator.manual_seed(hash((self.sampler.seed, self.sampler.epoch, self.sampler.rank)))
+        for start in range(0, len(self) * self.batch_size, self.batch_size):
+            batch = indices[start : start + self.batch_size]
+            x = self.images[batch]
+            if x.dtype == torch.uint8:
+                x = (x.float().div_(255) - self.mean) / self.std
+            if generator is not None:
+                x = self.augment(x, generator)
+            yield x, self.labels[batch]

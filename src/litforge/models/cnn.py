@@ -1,0 +1,63 @@
+"""A convolutional network: a trunk of conv blocks, then a classifier head."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+
+class CNN(nn.Module):
+    """`features`: per entry of `channels`, conv → batch norm → activation → 2×2 max-pool.
+    `head`: flatten → dropout → linear(`hidden_size`) → activation → dropout → linear.
+
+    `input_shape` (channels, height, width) and `num_classes` come from the datamodule, so the
+    same config trains on 1×28×28 and 3×32×32 images.
+    """
+
+    def __init__(
+        self,
+        input_shape: Sequence[int],
+        num_classes: int,
+        channels: Sequence[int] = (32, 64),
+        kernel_size: int = 3,
+        hidden_size: int = 128,
+        dropout: float = 0.25,
+        activation: str = "relu",
+    ) -> None:
+        super().__init__()
+        in_channels, height, width = input_shape
+        if height >> len(channels) == 0 or width >> len(channels) == 0:
+            raise ValueError(
+                f"{len(channels)} pooling blocks shrink {height}×{width} images to nothing: "
+                "use fewer entries in model.net.channels."
+            )
+        activations = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
+        if activation not in activations:
+            raise ValueError(f"activation={activation}: choose one of {', '.join(activations)}.")
+        act = activations[activation]
+        blocks: list[nn.Module] = []
+        for out_channels in channels:
+            blocks += [
+                nn.Conv2d(
+                    in_channels, out_channels, kernel_size, padding=kernel_size // 2, bias=False
+                ),
+                nn.BatchNorm2d(out_channels),
+                act(),
+                nn.MaxPool2d(2),
+            ]
+            in_channels = out_channels
+            height, width = height // 2, width // 2
+        self.features = nn.Sequential(*blocks)
+        self.head = nn.Sequential(
+            nn.Flatten(),
+            nn.Dropout(dropout),
+            nn.Linear(in_channels * height * width, hidden_size),
+            act(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden_size, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))

@@ -1,0 +1,120 @@
+"""`data=cifar10`: the `cifar-10-batches-py` pickles, written by the test in their real layout."""
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from helpers import write_cifar10
+
+from litforge.data.cifar10 import CIFAR10, CIFAR10DataModule, CIFARFormatError
+from litforge.data.sources import locate
+
+
+def make(data_dir, **kwargs):
+    return CIFAR10DataModule(data_dir=str(data_dir), system_dir=None, download=False, **kwargs)
+
+
+def test_loads_splits_as_uint8_channels_first(tmp_path):
+    folder = write_cifar10(tmp_path / "cifar10", per_batch=40, n_test=30)
+    dm = make(tmp_path, val_size=50)
+    dm.prepare_data()
+    dm.setup()
+    images, labels = dm.splits["train"]
+    assert images.shape == (150, 3, 32, 32) and images.dtype == torch.uint8
+    assert len(dm.splits["val"][1]) == 50 and len(dm.splits["test"][1]) == 30
+    # channel 0 is red: the bright band the writer painted there is found in red only
+    raw = pickle.loads((folder / "test_batch").read_bytes())
+    first = torch.from_numpy(raw["data"][0].reshape(3, 32, 32))
+    assert torch.equal(dm.splits["test"][0][0], first)
+    assert dm.splits["test"][1][0] == raw["labels"][0]
+
+
+def test_torchvision_layout_is_found(tmp_path):
+    write_cifar10(tmp_path)  # data_dir/cifar-10-batches-py, as torchvision extracts it
+    assert locate(CIFAR10, tmp_path, None, allow_download=False) == tmp_path
+
+
+def test_train_batches_are_augmented_and_normalized(tmp_path):
+    write_cifar10(tmp_path / "cifar10")
+    dm = make(tmp_path, val_size=40, batch_size=32, crop_padding=4, horizontal_flip=True)
+    dm.setup()
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == (32, 3, 32, 32) and x.dtype == torch.float32
+    val_x, _ = next(iter(dm.val_dataloader()))
+    expected = (dm.splits["val"][0][:32].float() / 255 - torch.tensor(dm.mean).view(1, 3, 1, 1)) \
+        / torch.tensor(dm.std).view(1, 3, 1, 1)  # fmt: skip
+    assert torch.allclose(val_x, expected, atol=1e-5)  # validation: not augmented
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("missing", "data_batch_3 is missing"),
+        ("truncated", "data_batch_3 is not a CIFAR-10 batch"),
+        ("wrong_keys", "has no 'data' and 'labels'"),
+        ("wrong_shape", "'data' must be uint8 of shape N×3072"),
+        ("label_count", "labels for 40 images"),
+        ("code", "refusing to load posix.system"),
+    ],
+)
+def test_malformed_batches_are_named(tmp_path, damage, message):
+    folder = write_cifar10(tmp_path / "cifar10")
+    path = folder / "data_batch_3"
+    good = pickle.loads(path.read_bytes())
+    if damage == "missing":
+        path.unlink()
+        (folder / "data_batch_3.gz").write_bytes(b"")  # keeps the folder "complete" for lookup
+    elif damage == "truncated":
+        path.write_bytes(path.read_bytes()[:500])
+    elif damage == "wrong_keys":
+        path.write_bytes(pickle.dumps({"pixels": good["data"]}, protocol=2))
+    elif damage == "wrong_shape":
+        path.write_bytes(pickle.dumps({**good, "data": good["data"][:, :100]}, protocol=2))
+    elif damage == "label_count":
+        path.write_bytes(pickle.dumps({**good, "labels": good["labels"][:5]}, protocol=2))
+    elif damage == "code":
+
+        class Exploit:
+            def __reduce__(self):
+                return (os.system, ("echo pwned",))
+
+        path.write_bytes(pickle.dumps({"data": Exploit(), "labels": []}, protocol=2))
+    with pytest.raises(CIFARFormatError, match=message):
+        make(tmp_path, val_size=10).setup()
+
+
+def test_val_size_beyond_the_training_set_is_refused():
+    with pytest.raises(
+        Exception, match="data.val_size=50000 must be at least 0 and below the 50000"
+    ):
+        make("unused", val_size=50000)
+
+
+def test_decoded_tensors_are_cached_and_reused(tmp_path):
+    write_cifar10(tmp_path / "cifar10")
+    dm = make(tmp_path, val_size=10)
+    dm.prepare_data()
+    assert dm.cache_path.is_file()
+    cached = torch.load(dm.cache_path, weights_only=True)
+    # The cache, not the pickles, is what the next setup reads: poison it and look.
+    cached["splits"]["test"][0][0].fill_(7)
+    torch.save(cached, dm.cache_path)
+    again = make(tmp_path, val_size=10)
+    again.setup()
+    assert int(again.splits["test"][0][0].float().mean()) == 7
+
+
+def test_cache_from_another_format_is_rebuilt(tmp_path, caplog):
+    write_cifar10(tmp_path / "cifar10")
+    dm = make(tmp_path, val_size=10)
+    dm.prepare_data()
+    torch.save({"format": 0, "splits": {}}, dm.cache_path)
+    again = make(tmp_path, val_size=10)
+    with caplog.at_level("INFO"):
+        again.prepare_data()
+    again.setup()
+    assert "another format or source" in caplog.text
+    assert torch.load(again.cache_path, weights_only=True)["format"] == 1
+    assert np.asarray(again.splits["test"][1]).size == 40

@@ -1,0 +1,84 @@
+"""The fast data path: per-epoch shards with DistributedSampler semantics, batch augmentation."""
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from litforge.data.loaders import BatchAugment, EpochShuffler, TensorBatchLoader
+
+
+@pytest.mark.parametrize(("n", "replicas"), [(10, 3), (12, 4), (7, 2)])
+def test_shards_match_distributed_sampler(n, replicas):
+    for epoch in (0, 1):
+        for rank in range(replicas):
+            ours = EpochShuffler(n, shuffle=True, num_replicas=replicas, rank=rank, seed=5)
+            theirs = DistributedSampler(range(n), num_replicas=replicas, rank=rank, seed=5)
+            ours.set_epoch(epoch)
+            theirs.set_epoch(epoch)
+            assert ours.indices().tolist() == list(theirs)
+            assert len(ours) == len(theirs)
+
+
+def test_shards_cover_the_epoch_and_change_with_it():
+    def shards(epoch):
+        out = []
+        for rank in range(2):
+            sampler = EpochShuffler(9, shuffle=True, num_replicas=2, rank=rank, seed=0)
+            sampler.set_epoch(epoch)
+            out.append(sampler.indices().tolist())
+        return out
+
+    first, second = shards(0)
+    assert len(first) == len(second) == 5  # padded to equal length
+    assert set(first) | set(second) == set(range(9))
+    assert shards(0) == [first, second] and shards(1) != [first, second]
+
+
+def test_evaluation_shards_are_uneven_and_disjoint():
+    parts = [EpochShuffler(9, shuffle=False, num_replicas=2, rank=r, pad=False) for r in (0, 1)]
+    assert [p.indices().tolist() for p in parts] == [[0, 2, 4, 6, 8], [1, 3, 5, 7]]
+    assert [len(p) for p in parts] == [5, 4]
+
+
+def test_loader_normalizes_uint8_like_precomputed_floats():
+    images = torch.randint(0, 256, (10, 1, 4, 4), dtype=torch.uint8)
+    labels = torch.arange(10)
+    mean, std = (0.3,), (0.2,)
+    normalized = (images.float() / 255 - 0.3) / 0.2
+
+    def batches(x):
+        sampler = EpochShuffler(10, shuffle=False)
+        return list(TensorBatchLoader(x, labels, 4, sampler, mean, std))
+
+    from_uint8, from_float = batches(images), batches(normalized)
+    assert [len(y) for _, y in from_uint8] == [4, 4, 2]
+    for (a, ya), (b, yb) in zip(from_uint8, from_float, strict=True):
+        assert torch.allclose(a, b, atol=1e-6) and torch.equal(ya, yb)
+
+
+def test_drop_last_drops_the_partial_batch():
+    loader = TensorBatchLoader(torch.zeros(10, 1, 2, 2), torch.zeros(10), 4,
+                               EpochShuffler(10, shuffle=True), (0.0,), (1.0,), drop_last=True)  # fmt: skip
+    assert len(loader) == 2 and [len(y) for _, y in loader] == [4, 4]
+
+
+def test_random_crop_shifts_content_and_pads_with_black():
+    x = torch.arange(2 * 8 * 8, dtype=torch.float32).view(1, 2, 8, 8).repeat(64, 1, 1, 1)
+    augment = BatchAugment(crop_padding=2, horizontal_flip=False, black=[-1.0, -2.0])
+    out = augment(x, torch.Generator().manual_seed(0))
+    assert out.shape == x.shape
+    shifted = [not torch.equal(o, x[0]) for o in out]
+    assert 0 < sum(shifted) < 64  # some images moved, some (offset 2,2) did not
+    # padding shows up as each channel's black value, nothing else is invented
+    for c, black in enumerate((-1.0, -2.0)):
+        values = set(out[:, c].unique().tolist())
+        assert values <= set(x[0, c].unique().tolist()) | {black}
+
+
+def test_horizontal_flip_mirrors_about_half():
+    x = torch.randn(200, 3, 5, 5)
+    out = BatchAugment(0, True, [0.0] * 3)(x, torch.Generator().manual_seed(0))
+    flipped = [torch.equal(o, i.flip(2)) for o, i in zip(out, x, strict=True)]
+    unchanged = [torch.equal(o, i) for o, i in zip(out, x, strict=True)]
+    assert all(f or u for f, u in zip(flipped, unchanged, strict=True))
+    assert 70 < sum(flipped) < 130
