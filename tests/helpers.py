@@ -128,11 +128,28 @@ def write_cifar10(directory: Path, per_batch: int = 40, n_test: int = 40) -> Pat
         images = rng.integers(0, 80, (n, 3, 32, 32)).astype(np.uint8)
         for i, label in enumerate(labels):  # class = which of ten bands is bright, in red
             images[i, 0, 3 * label : 3 * label + 3, :] = 255
-        batch = {"batch_label": f"{name} of 6", "labels": labels.tolist(),
-                 "data": images.reshape(n, 3072), "filenames": [f"{i}.png" for i in range(n)]}  # fmt: skip
+        batch = {
+            "batch_label": f"{name} of 6",
+            "labels": labels.tolist(),
+            "data": images.reshape(n, 3072),
+            "filenames": [f"{i}.png" for i in range(n)],
+        }
         (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
-    meta = {"num_cases_per_batch": per_batch, "num_vis": 3072,
-            "label_names": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog",
-                            "horse", "ship", "truck"]}  # fmt: skip
+    meta = {
+        "num_cases_per_batch": per_batch,
+        "num_vis": 3072,
+        "label_names": [
+            "airplane",
+            "automobile",
+            "bird",
+            "cat",
+            "deer",
+            "dog",
+            "frog",
+            "horse",
+            "ship",
+            "truck",
+        ],
+    }
     (folder / "batches.meta").write_bytes(pickle.dumps(meta, protocol=2))
     return folder

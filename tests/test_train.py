@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from helpers import compose_config, run_script
+from helpers import ROOT, compose_config, run_script
 
 from litforge.pipeline import optimized_metric, seed, train
 
@@ -88,3 +88,24 @@ def test_cli_run_then_eval_reproduces_the_test_metric(tmp_path, idx_data_dir):
     evaluated = json.loads((eval_dir / "metrics.json").read_text())
     assert evaluated["test/acc"] == trained["test/acc"]
     assert evaluated["test/loss"] == pytest.approx(trained["test/loss"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_sweep_from_another_directory_uses_it_as_the_project_root(tmp_path, idx_data_dir):
+    # Defaults only: data in <cwd>/data, runs in <cwd>/logs (multirun resolves its folder before
+    # Hydra's runtime config exists, so the root must not depend on it).
+    assert idx_data_dir == tmp_path / "data"
+    result = run_script(
+        str(ROOT / "train.py"),
+        "-m",
+        "debug=fdr",
+        "data=mnist",
+        "data.val_size=100",
+        "model.optimizer.lr=0.001,0.002",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (sweep,) = (tmp_path / "logs" / "debug" / "multiruns").iterdir()
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
+    for job in ("0", "1"):
+        assert "test/acc" in json.loads((sweep / job / "metrics.json").read_text())

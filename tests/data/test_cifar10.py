@@ -43,8 +43,9 @@ def test_train_batches_are_augmented_and_normalized(tmp_path):
     x, y = next(iter(dm.train_dataloader()))
     assert x.shape == (32, 3, 32, 32) and x.dtype == torch.float32
     val_x, _ = next(iter(dm.val_dataloader()))
-    expected = (dm.splits["val"][0][:32].float() / 255 - torch.tensor(dm.mean).view(1, 3, 1, 1)) \
-        / torch.tensor(dm.std).view(1, 3, 1, 1)  # fmt: skip
+    expected = (
+        dm.splits["val"][0][:32].float() / 255 - torch.tensor(dm.mean).view(1, 3, 1, 1)
+    ) / torch.tensor(dm.std).view(1, 3, 1, 1)
     assert torch.allclose(val_x, expected, atol=1e-5)  # validation: not augmented
 
 

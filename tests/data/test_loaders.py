@@ -57,8 +57,15 @@ def test_loader_normalizes_uint8_like_precomputed_floats():
 
 
 def test_drop_last_drops_the_partial_batch():
-    loader = TensorBatchLoader(torch.zeros(10, 1, 2, 2), torch.zeros(10), 4,
-                               EpochShuffler(10, shuffle=True), (0.0,), (1.0,), drop_last=True)  # fmt: skip
+    loader = TensorBatchLoader(
+        torch.zeros(10, 1, 2, 2),
+        torch.zeros(10),
+        4,
+        EpochShuffler(10, shuffle=True),
+        (0.0,),
+        (1.0,),
+        drop_last=True,
+    )
     assert len(loader) == 2 and [len(y) for _, y in loader] == [4, 4]
 
 

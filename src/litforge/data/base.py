@@ -103,12 +103,15 @@ class InMemoryImageDataModule(L.LightningDataModule):
         try:
             cached = torch.load(self.cache_path, weights_only=True)
         except Exception as err:  # a damaged cache is rebuilt from the original files
-            log.warning("Ignoring unreadable cache %s (%s); decoding the files again.",
-                        self.cache_path, err)  # fmt: skip
+            log.warning(
+                "Ignoring unreadable cache %s (%s); decoding the files again.", self.cache_path, err
+            )
             return None
         if cached.get("format") != CACHE_FORMAT or cached.get("source") != str(directory):
-            log.info("Cache %s is from another format or source; decoding the files again.",
-                     self.cache_path)  # fmt: skip
+            log.info(
+                "Cache %s is from another format or source; decoding the files again.",
+                self.cache_path,
+            )
             return None
         return cached["splits"]
 
@@ -183,9 +186,14 @@ class InMemoryImageDataModule(L.LightningDataModule):
         augment = BatchAugment(hp.crop_padding, hp.horizontal_flip, black) if train else None
         sampler = EpochShuffler(len(labels), shuffle=train, pad=train, **self._shard())
         return TensorBatchLoader(
-            images.to(device), labels.to(device), hp.batch_size, sampler,
-            self.mean, self.std, augment,
-        )  # fmt: skip
+            images.to(device),
+            labels.to(device),
+            hp.batch_size,
+            sampler,
+            self.mean,
+            self.std,
+            augment,
+        )
 
     def _normalize(self, images: torch.Tensor) -> torch.Tensor:
         mean = torch.tensor(self.mean).view(1, -1, 1, 1)

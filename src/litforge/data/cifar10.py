@@ -16,8 +16,18 @@ from litforge.errors import UserError
 
 FOLDER = "cifar-10-batches-py"
 TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
-CLASS_NAMES = ("airplane", "automobile", "bird", "cat", "deer",
-               "dog", "frog", "horse", "ship", "truck")  # fmt: skip
+CLASS_NAMES = (
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+)
 
 CIFAR10 = DatasetSource(
     name="cifar10",
@@ -69,8 +79,12 @@ def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
         keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
         raise CIFARFormatError(f"{path} has no 'data' and 'labels' (found {keys}). Replace it.")
     data, labels = batch["data"], np.asarray(batch["labels"])
-    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 \
-            or data.shape[1] != 3 * 32 * 32:  # fmt: skip
+    if (
+        not isinstance(data, np.ndarray)
+        or data.dtype != np.uint8
+        or data.ndim != 2
+        or data.shape[1] != 3 * 32 * 32
+    ):
         shape = getattr(data, "shape", None)
         raise CIFARFormatError(
             f"{path}: 'data' must be uint8 of shape N×3072, found "
