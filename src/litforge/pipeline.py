@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from litforge.data.base import InMemoryImageDataModule
 from litforge.errors import UserError
 from litforge.models.classifier import ClassificationModule
+from litforge.strategies import check_strategy
 from litforge.utils import print_config, print_metrics
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ def _instantiate_all(group: DictConfig | None) -> list[Any]:
 
 
 def build_trainer(cfg: DictConfig) -> L.Trainer:
+    check_strategy(cfg)  # before any process is launched
     callbacks: list[Callback] = _instantiate_all(cfg.get("callbacks"))
     loggers: list[Logger] = _instantiate_all(cfg.get("logger"))
     if not loggers and any(isinstance(cb, LearningRateMonitor) for cb in callbacks):
@@ -67,7 +69,8 @@ def build_trainer(cfg: DictConfig) -> L.Trainer:
 
 
 class LogRunConfig(Callback):
-    """Log the whole resolved run config to every logger (rather than the model's arguments).
+    """Log the whole resolved run config to every logger (rather than the model's arguments),
+    with the batch size per process and in total (`batch_size.per_device`, `batch_size.global`).
 
     In `setup`, which Lightning calls after `prepare_data`: a run whose data is missing leaves
     no logger files behind.
@@ -77,8 +80,17 @@ class LogRunConfig(Callback):
         self.config = config
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        per_device = self.config["data"]["batch_size"]
+        # Data-parallel replicas: processes that see different data (tensor parallel ranks
+        # share theirs), times gradient accumulation.
+        replicas = (trainer.distributed_sampler_kwargs or {}).get("num_replicas", 1)
+        total = per_device * replicas * trainer.accumulate_grad_batches
+        if trainer.is_global_zero and stage == "fit":
+            log.info("Batch size: %d per process x %d data-parallel process(es) x %d accumulated"
+                     " = %d", per_device, replicas, trainer.accumulate_grad_batches, total)  # fmt: skip
+        config = {**self.config, "batch_size": {"per_device": per_device, "global": total}}
         for logger in trainer.loggers:
-            logger.log_hyperparams(self.config)
+            logger.log_hyperparams(config)
 
 
 def _float_metrics(trainer: L.Trainer) -> dict[str, float]:
@@ -133,6 +145,12 @@ def load_checkpoint(ckpt_path: str | None) -> dict[str, Any]:
     if not ckpt_path:
         raise UserError("no checkpoint given: add ckpt_path=<file>, e.g. .../checkpoints/last.ckpt")
     path = Path(ckpt_path).expanduser()
+    if path.is_dir():  # strategy=model_parallel with save_distributed_checkpoint=true
+        raise UserError(
+            f"ckpt_path={ckpt_path} is a folder of shards. Make one file of it with "
+            f"`python -m lightning.fabric.utilities.consolidate_checkpoint {path}`, then use "
+            f"ckpt_path={path}.consolidated"
+        )
     if not path.is_file():
         raise UserError(f"ckpt_path={ckpt_path}: no such file.")
     return torch.load(path, map_location="cpu", weights_only=True)

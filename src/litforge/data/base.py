@@ -198,7 +198,7 @@ class InMemoryImageDataModule(L.LightningDataModule):
     def _normalize(self, images: torch.Tensor) -> torch.Tensor:
         mean = torch.tensor(self.mean).view(1, -1, 1, 1)
         std = torch.tensor(self.std).view(1, -1, 1, 1)
-        return (images.float() / 255 - mean) / std
+        return images.float().div_(255).sub_(mean).div_(std)  # in place: one full-size copy
 
     def _transform(self, train: bool):
         from torchvision.transforms import v2

@@ -40,6 +40,7 @@ class ClassificationModule(L.LightningModule):
         optimizer: Mapping[str, Any],
         scheduler: Mapping[str, Any] | None = None,
         class_names: Sequence[str] | None = None,
+        channels_last: bool = False,
         compile: bool = False,
     ) -> None:
         super().__init__()
@@ -51,6 +52,9 @@ class ClassificationModule(L.LightningModule):
                 "optimizer": _plain(optimizer),
                 "scheduler": _plain(scheduler),
                 "class_names": list(class_names) if class_names is not None else None,
+                # Changes the numerics slightly (other conv kernels): kept, so that a loaded
+                # checkpoint computes exactly what the training run computed.
+                "channels_last": bool(channels_last),
             },
             logger=False,  # the pipeline logs the whole resolved run config instead
         )
@@ -68,19 +72,28 @@ class ClassificationModule(L.LightningModule):
                 prefix=prefix,
             )
 
-        # Validation and test use TorchMetrics (synced across processes). Training accuracy is a
-        # plain per-batch mean: a metric object updated every step would cost ~0.8 ms per step.
+        # Validation and test use TorchMetrics (synced across processes); training statistics
+        # are cheaper running sums (see training_step).
         self.val_metrics = metrics("val/")
         self.test_metrics = metrics("test/")
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # part of the checkpoint, so a resumed run keeps it
+        self._train_sums: torch.Tensor | None = None  # loss × n, correct, n over this epoch
 
     def configure_model(self) -> None:
-        # Lightning calls this once the strategy is set up. `nn.Module.compile` compiles in
-        # place, so parameter names and state_dict keys stay free of torch.compile's
-        # `_orig_mod.` prefix.
-        if self.compile_net and not getattr(self.net, "_compiled_call_impl", None):
+        # Lightning calls this once the strategy is set up, on every run (fit, test, ...).
+        if getattr(self, "_configured", False):
+            return
+        self._configured = True
+        if self.hparams.channels_last:  # NHWC weights: ~1.6x faster convolutions on CPUs
+            self.net.to(memory_format=torch.channels_last)
+        if self.device_mesh is not None:  # strategy=model_parallel: FSDP2 / tensor parallel
+            from litforge.parallel import parallelize
+
+            parallelize(self.net, self.device_mesh, compile=self.compile_net)
+        elif self.compile_net:
+            # In place: parameter names and state_dict keys keep no `_orig_mod.` prefix.
             self.net.compile()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -90,36 +103,62 @@ class ClassificationModule(L.LightningModule):
         x, y = batch
         logits = self(x)
         loss = F.cross_entropy(logits, y)
-        acc = (logits.argmax(dim=1) == y).float().mean()
-        # Epoch means weighted by batch size; sync_dist reduces them across processes once, at
-        # the end of the epoch.
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, sync_dist=True)
-        self.log("train/acc", acc, on_step=False, on_epoch=True, prog_bar=True, sync_dist=True)
+        # Epoch statistics as running sums: `self.log` costs ~1 ms a call on a CPU, a metric
+        # object's update ~0.8 ms; these additions cost microseconds.
+        with torch.no_grad():
+            n = torch.tensor(len(y), device=loss.device)
+            correct = (logits.argmax(dim=1) == y).sum()
+            sums = torch.stack([loss.detach() * n, correct, n]).float()
+            self._train_sums = sums if self._train_sums is None else self._train_sums + sums
+        # The per-step loss only on the steps the logger writes anyway.
+        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
+            self.log("train/loss_step", loss, on_step=True, on_epoch=False, prog_bar=True)
         return loss
 
-    def _evaluate(self, batch, metrics: MetricCollection, loss_metric: MeanMetric, prefix: str):
+    def on_train_epoch_start(self) -> None:
+        self._train_sums = None
+
+    def on_train_epoch_end(self) -> None:
+        if self._train_sums is None:
+            return
+        # Summed over all processes, then divided: exact under DDP however batches fall.
+        loss_sum, correct, count = self.trainer.strategy.reduce(self._train_sums, reduce_op="sum")
+        self.log("train/loss", loss_sum / count, prog_bar=True)
+        self.log("train/acc", correct / count, prog_bar=True)
+
+    def _evaluate(self, batch, metrics: MetricCollection, loss: MeanMetric) -> None:
         x, y = batch
         logits = self(x)
-        loss_metric.update(F.cross_entropy(logits, y), weight=len(y))
+        loss.update(F.cross_entropy(logits, y), weight=len(y))
         metrics.update(logits, y)
-        self.log(f"{prefix}/loss", loss_metric, on_step=False, on_epoch=True, prog_bar=True)
-        self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=True)
+
+    def _log_evaluation(self, metrics: MetricCollection, loss: MeanMetric, prefix: str) -> dict:
+        # Logged once per epoch rather than every step (each `self.log` costs ~1 ms on a CPU).
+        # `compute()` syncs the metric states across processes itself.
+        values = {**metrics.compute(), f"{prefix}/loss": loss.compute()}
+        metrics.reset()
+        loss.reset()
+        self.log_dict(values, prog_bar=True)
+        return values
 
     def validation_step(self, batch, batch_idx: int) -> None:
-        self._evaluate(batch, self.val_metrics, self.val_loss, "val")
+        self._evaluate(batch, self.val_metrics, self.val_loss)
 
     def test_step(self, batch, batch_idx: int) -> None:
-        self._evaluate(batch, self.test_metrics, self.test_loss, "test")
+        self._evaluate(batch, self.test_metrics, self.test_loss)
 
     def on_train_start(self) -> None:
         # The sanity check ran validation on untrained weights: don't let it count as a best.
         self.val_acc_best.reset()
 
     def on_validation_epoch_end(self) -> None:
-        if self.trainer.sanity_checking:
-            return
-        self.val_acc_best.update(self.val_metrics["acc"].compute())
-        self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True)
+        values = self._log_evaluation(self.val_metrics, self.val_loss, "val")
+        if not self.trainer.sanity_checking:
+            self.val_acc_best.update(values["val/acc"])
+            self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True)
+
+    def on_test_epoch_end(self) -> None:
+        self._log_evaluation(self.test_metrics, self.test_loss, "test")
 
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = instantiate(self.hparams.optimizer)(params=self.parameters())

@@ -1,0 +1,1 @@
+"""Hydra plugins shipped with litforge (found by Hydra through the hydra_plugins namespace)."""

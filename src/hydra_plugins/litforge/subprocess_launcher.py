@@ -1,0 +1,108 @@
+"""A Hydra launcher that runs every job of a sweep (`-m`) in a fresh process.
+
+Hydra's default launcher runs the jobs one after another inside the sweeping process. Under DDP
+that breaks (Lightning #18175, Hydra #2070): processes re-run the whole sweep, and the process
+group, ranks and ports of one job leak into the next. Here each job is
+`python train.py <its overrides> hydra.run.dir=<its sweep subdir>`: a single run in its own
+process, so whatever its strategy does starts from nothing and ends with the process. Its
+result (the config's `optimized_metric`, for sweepers) is read back from `metrics.json`.
+
+Selected in conf/hydra/default.yaml (`hydra/launcher: subprocess`).
+"""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+log = logging.getLogger(__name__)
+
+# What a job must not inherit from the sweeping process: it elects its own ranks and port.
+DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
+                   "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "PL_GLOBAL_SEED")  # fmt: skip
+# Hydra settings of the sweep itself, which a single run must not get.
+SWEEP_ONLY = ("hydra.sweep", "hydra.mode", "hydra/sweeper", "hydra.sweeper", "hydra/launcher",
+              "hydra.launcher")  # fmt: skip
+
+
+@dataclass
+class SubprocessLauncherConf:
+    _target_: str = "hydra_plugins.litforge.subprocess_launcher.SubprocessLauncher"
+
+
+ConfigStore.instance().store(
+    group="hydra/launcher", name="subprocess", node=SubprocessLauncherConf, provider="litforge"
+)
+
+
+class JobFailed(RuntimeError):
+    pass
+
+
+class SubprocessLauncher(Launcher):
+    def __init__(self) -> None:
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
+              config: DictConfig) -> None:  # fmt: skip
+        self.hydra_context, self.config = hydra_context, config
+
+    def launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> list[JobReturn]:
+        assert self.config is not None and self.hydra_context is not None
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        log.info(f"Launching {len(job_overrides)} jobs, each in its own process, into {sweep_dir}")
+        hydra_overrides = [
+            o for o in self.config.hydra.overrides.hydra if not o.startswith(SWEEP_ONLY)
+        ]
+        env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
+        returns = []
+        for num, overrides in enumerate(job_overrides, start=initial_job_idx):
+            log.info(f"\t#{num} : {' '.join(filter_overrides(overrides))}")
+            job_cfg = self.hydra_context.config_loader.load_sweep_config(
+                self.config, list(overrides)
+            )
+            with open_dict(job_cfg):
+                job_cfg.hydra.job.id = f"{job_cfg.hydra.job.name}_{num}"
+                job_cfg.hydra.job.num = num
+            run_dir = Path(job_cfg.hydra.sweep.dir) / str(job_cfg.hydra.sweep.subdir)
+            command = [
+                sys.executable, sys.argv[0], f"--config-name={job_cfg.hydra.job.config_name}",
+                *overrides, *hydra_overrides, f"hydra.run.dir={run_dir}",
+            ]  # fmt: skip
+            code = subprocess.run(command, env=env).returncode
+            returns.append(self._job_return(job_cfg, list(overrides), run_dir, code))
+        return returns
+
+    @staticmethod
+    def _job_return(cfg: DictConfig, overrides: list[str], run_dir: Path, code: int) -> JobReturn:
+        result = JobReturn(overrides=overrides, cfg=cfg, hydra_cfg=cfg, working_dir=str(run_dir),
+                           task_name=cfg.hydra.job.name)  # fmt: skip
+        if code != 0:
+            result.status = JobStatus.FAILED
+            result._return_value = JobFailed(
+                f"job #{cfg.hydra.job.num} ({' '.join(overrides)}) exited with status {code}; "
+                f"its log is in {run_dir}"
+            )
+            return result
+        result.status = JobStatus.COMPLETED
+        metrics_file = run_dir / "metrics.json"
+        metric = OmegaConf.select(cfg, "optimized_metric")
+        if metric and metrics_file.is_file():
+            result._return_value = json.loads(metrics_file.read_text()).get(metric)
+        return result
