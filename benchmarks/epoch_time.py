@@ -46,11 +46,18 @@ class EpochTimer(L.Callback):
 
 def config(model: str, epochs: int, output_dir: str, overrides: list[str]):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose("train", overrides=[
-            f"model={model}", f"trainer.max_epochs={epochs}", "trainer.accelerator=cpu",
-            f"paths.output_dir={output_dir}", f"paths.root_dir={ROOT}", "data.download=false",
-            *overrides,
-        ])  # fmt: skip
+        return compose(
+            "train",
+            overrides=[
+                f"model={model}",
+                f"trainer.max_epochs={epochs}",
+                "trainer.accelerator=cpu",
+                f"paths.output_dir={output_dir}",
+                f"paths.root_dir={ROOT}",
+                "data.download=false",
+                *overrides,
+            ],
+        )
 
 
 def template_epochs(model: str, epochs: int, overrides: list[str]) -> list[float]:
@@ -106,11 +113,21 @@ def startup_seconds() -> float:
     """Wall time of `python train.py` for a one-step run, start to exit."""
     start = time.perf_counter()
     subprocess.run(
-        [sys.executable, "train.py", "trainer.max_steps=1", "trainer.limit_val_batches=0",
-         "test=false", "logger=none", "callbacks=none", "extras.print_config=false",
-         f"hydra.run.dir={tempfile.mkdtemp()}"],
-        cwd=ROOT, check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "train.py",
+            "trainer.max_steps=1",
+            "trainer.limit_val_batches=0",
+            "test=false",
+            "logger=none",
+            "callbacks=none",
+            "extras.print_config=false",
+            f"hydra.run.dir={tempfile.mkdtemp()}",
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     return time.perf_counter() - start
 
 
@@ -126,19 +143,26 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    print(f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}, lightning {L.__version__}; Fashion-MNIST, "
-          f"{args.epochs} warm epochs each; overrides: {' '.join(args.overrides) or 'none'}")  # fmt: skip
+    print(
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}, lightning {L.__version__}; Fashion-MNIST, "
+        f"{args.epochs} warm epochs each; overrides: {' '.join(args.overrides) or 'none'}"
+    )
     rows = []
     for model in args.models:
         floor = statistics.median(handwritten_epochs(model, args.epochs, args.overrides))
         runs = [("hand-written loop", None), ("litforge (data.loader=tensor)", args.overrides)]
         if args.extras:
-            runs += [("litforge, data.loader=torch", [*args.overrides, "data.loader=torch"]),
-                     ("litforge, model.compile=true", [*args.overrides, "model.compile=true"])]  # fmt: skip
+            runs += [
+                ("litforge, data.loader=torch", [*args.overrides, "data.loader=torch"]),
+                ("litforge, model.compile=true", [*args.overrides, "model.compile=true"]),
+            ]
         for name, overrides in runs:
-            seconds = floor if name.startswith("hand") else statistics.median(
-                template_epochs(model, args.epochs, overrides))  # fmt: skip
+            seconds = (
+                floor
+                if name.startswith("hand")
+                else statistics.median(template_epochs(model, args.epochs, overrides))
+            )
             rows.append((model, name, seconds, 60000 / seconds, seconds / floor))
 
     print("\n| model | setup | s/epoch | samples/s | vs hand-written |\n|---|---|---|---|---|")

@@ -153,3 +153,28 @@ def write_cifar10(directory: Path, per_batch: int = 40, n_test: int = 40) -> Pat
     }
     (folder / "batches.meta").write_bytes(pickle.dumps(meta, protocol=2))
     return folder
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now, for one multi-process run."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_run_args(data_dir: Path, run_dir: Path, *extra: str) -> list[str]:
+    """Overrides for a seconds-long CPU run on the small MNIST files in `data_dir`."""
+    return [
+        "data=mnist",
+        f"paths.data_dir={data_dir}",
+        "data.val_size=100",
+        "data.batch_size=50",
+        "trainer.accelerator=cpu",
+        "trainer.max_epochs=1",
+        "extras.print_config=false",
+        "callbacks.rich_progress_bar=null",
+        f"hydra.run.dir={run_dir}",
+        *extra,
+    ]

@@ -86,8 +86,13 @@ class LogRunConfig(Callback):
         replicas = (trainer.distributed_sampler_kwargs or {}).get("num_replicas", 1)
         total = per_device * replicas * trainer.accumulate_grad_batches
         if trainer.is_global_zero and stage == "fit":
-            log.info("Batch size: %d per process x %d data-parallel process(es) x %d accumulated"
-                     " = %d", per_device, replicas, trainer.accumulate_grad_batches, total)  # fmt: skip
+            log.info(
+                "Batch size: %d per process x %d data-parallel process(es) x %d accumulated = %d",
+                per_device,
+                replicas,
+                trainer.accumulate_grad_batches,
+                total,
+            )
         config = {**self.config, "batch_size": {"per_device": per_device, "global": total}}
         for logger in trainer.loggers:
             logger.log_hyperparams(config)

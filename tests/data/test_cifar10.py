@@ -127,8 +127,16 @@ def test_cifar10_cnn_experiment_trains_on_synthetic_files(tmp_path):
     from litforge.pipeline import train
 
     write_cifar10(tmp_path / "data" / "cifar10", per_batch=40, n_test=40)
-    cfg = compose_config("train", tmp_path, ["experiment=cifar10_cnn", "data.val_size=40",
-                                             "data.batch_size=32", "trainer.max_epochs=1"])  # fmt: skip
+    cfg = compose_config(
+        "train",
+        tmp_path,
+        [
+            "experiment=cifar10_cnn",
+            "data.val_size=40",
+            "data.batch_size=32",
+            "trainer.max_epochs=1",
+        ],
+    )
     metrics = train(cfg)
     assert {"test/acc", "val/acc_best"} <= set(metrics)
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()

@@ -28,8 +28,10 @@ def test_compile_flag_is_not_part_of_the_checkpoint():
 def test_compiled_run_checkpoint_loads_into_eager_eval(tmp_path):
     data_dir = write_idx_dataset(tmp_path / "data" / "mnist", n_train=300, n_test=100).parent
     run_dir = tmp_path / "run"
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
-           "TORCHINDUCTOR_COMPILE_THREADS": "1"}  # fmt: skip
+    env = {
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
+    }
     result = run_script(
         "train.py",
         "model=cnn",
@@ -49,8 +51,13 @@ def test_compiled_run_checkpoint_loads_into_eager_eval(tmp_path):
     state = torch.load(best, weights_only=True)["state_dict"]
     assert not [key for key in state if "_orig_mod" in key]
 
-    result = run_script("eval.py", f"ckpt_path={best}", "data=mnist", f"paths.data_dir={data_dir}",
-                        f"hydra.run.dir={tmp_path / 'eval'}")  # fmt: skip
+    result = run_script(
+        "eval.py",
+        f"ckpt_path={best}",
+        "data=mnist",
+        f"paths.data_dir={data_dir}",
+        f"hydra.run.dir={tmp_path / 'eval'}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     trained = json.loads((run_dir / "metrics.json").read_text())
     evaluated = json.loads((tmp_path / "eval" / "metrics.json").read_text())

@@ -28,11 +28,26 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 log = logging.getLogger(__name__)
 
 # What a job must not inherit from the sweeping process: it elects its own ranks and port.
-DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
-                   "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "PL_GLOBAL_SEED")  # fmt: skip
+DISTRIBUTED_ENV = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PL_GLOBAL_SEED",
+)
 # Hydra settings of the sweep itself, which a single run must not get.
-SWEEP_ONLY = ("hydra.sweep", "hydra.mode", "hydra/sweeper", "hydra.sweeper", "hydra/launcher",
-              "hydra.launcher")  # fmt: skip
+SWEEP_ONLY = (
+    "hydra.sweep",
+    "hydra.mode",
+    "hydra/sweeper",
+    "hydra.sweeper",
+    "hydra/launcher",
+    "hydra.launcher",
+)
 
 
 @dataclass
@@ -54,8 +69,9 @@ class SubprocessLauncher(Launcher):
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
 
-    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
-              config: DictConfig) -> None:  # fmt: skip
+    def setup(
+        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ) -> None:
         self.hydra_context, self.config = hydra_context, config
 
     def launch(
@@ -82,17 +98,26 @@ class SubprocessLauncher(Launcher):
                 job_cfg.hydra.job.num = num
             run_dir = Path(job_cfg.hydra.sweep.dir) / str(job_cfg.hydra.sweep.subdir)
             command = [
-                sys.executable, sys.argv[0], f"--config-name={job_cfg.hydra.job.config_name}",
-                *overrides, *hydra_overrides, f"hydra.run.dir={run_dir}",
-            ]  # fmt: skip
+                sys.executable,
+                sys.argv[0],
+                f"--config-name={job_cfg.hydra.job.config_name}",
+                *overrides,
+                *hydra_overrides,
+                f"hydra.run.dir={run_dir}",
+            ]
             code = subprocess.run(command, env=env).returncode
             returns.append(self._job_return(job_cfg, list(overrides), run_dir, code))
         return returns
 
     @staticmethod
     def _job_return(cfg: DictConfig, overrides: list[str], run_dir: Path, code: int) -> JobReturn:
-        result = JobReturn(overrides=overrides, cfg=cfg, hydra_cfg=cfg, working_dir=str(run_dir),
-                           task_name=cfg.hydra.job.name)  # fmt: skip
+        result = JobReturn(
+            overrides=overrides,
+            cfg=cfg,
+            hydra_cfg=cfg,
+            working_dir=str(run_dir),
+            task_name=cfg.hydra.job.name,
+        )
         if code != 0:
             result.status = JobStatus.FAILED
             result._return_value = JobFailed(

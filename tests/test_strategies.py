@@ -1,0 +1,236 @@
+"""`strategy=`: DDP on CPU (gloo), gradient compression, multi-node launchers, and the checks that
+refuse what cannot run before anything launches. Multi-process runs are `train.py` subprocesses
+with a timeout and their own port (never DDP inside pytest)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import ROOT, compose_config, free_port, run_script, tiny_run_args
+
+from litforge.errors import UserError
+from litforge.strategies import check_strategy
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["strategy=fsdp", "trainer.accelerator=cpu"], "strategy=fsdp needs GPUs"),
+        (["trainer.sync_batchnorm=true", "trainer.accelerator=cpu"], "sync_batchnorm=true works"),
+        (["strategy=model_parallel", "trainer.precision=16-mixed"], "16-mixed is not supported"),
+        (
+            ["strategy=model_parallel", "trainer.devices=2", "strategy.tensor_parallel_size=3"],
+            "must multiply to trainer.devices x trainer.num_nodes = 2",
+        ),
+        (
+            [
+                "strategy=model_parallel",
+                "trainer.devices=2",
+                "strategy.tensor_parallel_size=2",
+                "debug=limit",
+                "trainer.devices=2",
+            ],
+            "detect_anomaly=true",
+        ),
+    ],
+)
+def test_impossible_combinations_are_refused_before_launch(tmp_path, overrides, message):
+    with pytest.raises(UserError, match=message):
+        check_strategy(compose_config("train", tmp_path, overrides))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a GPU-less machine")
+def test_more_gpus_than_exist_is_refused(tmp_path):
+    cfg = compose_config("train", tmp_path, ["trainer.accelerator=gpu", "trainer.devices=4"])
+    with pytest.raises(UserError, match="trainer.devices=4, but this machine has 0 GPU"):
+        check_strategy(cfg)
+
+
+@pytest.mark.slow
+def test_fsdp_on_cpu_is_one_line_from_the_cli(tmp_path):
+    result = run_script(
+        "train.py", "strategy=fsdp", "trainer.accelerator=cpu", f"hydra.run.dir={tmp_path / 'run'}"
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: strategy=fsdp needs GPUs")
+    assert "strategy=model_parallel" in result.stderr
+
+
+def ddp_env() -> dict[str, str]:
+    return {"MASTER_PORT": str(free_port())}
+
+
+@pytest.mark.slow
+def test_ddp_on_two_cpu_processes_writes_one_run_that_eval_loads(tmp_path, idx_data_dir):
+    run_dir = tmp_path / "run"
+    result = run_script(
+        "train.py",
+        *tiny_run_args(idx_data_dir, run_dir),
+        "strategy=ddp",
+        "trainer.devices=2",
+        "trainer.precision=bf16-mixed",
+        "trainer.gradient_clip_val=1.0",
+        "trainer.accumulate_grad_batches=2",
+        "strategy.timeout.minutes=2",
+        env=ddp_env(),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Batch size: 50 per process x 2 data-parallel process(es) x 2 accumulated = 200" in (
+        result.stdout + result.stderr
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "run"]  # no stray run dirs
+    assert (run_dir / ".hydra").is_dir() and (run_dir / "metrics.json").is_file()
+    assert {"train.log", "train_ddp_process_1.log"} <= {p.name for p in run_dir.iterdir()}
+    best = next((run_dir / "checkpoints").glob("epoch_*.ckpt"))
+    evaluated = run_script(
+        "eval.py",
+        f"ckpt_path={best}",
+        "data=mnist",
+        f"paths.data_dir={idx_data_dir}",
+        f"hydra.run.dir={tmp_path / 'e'}",
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    trained = json.loads((run_dir / "metrics.json").read_text())
+    # 200 test images split over 2 processes without padding: the same images as on one
+    assert json.loads((tmp_path / "e" / "metrics.json").read_text())["test/acc"] == pytest.approx(
+        trained["test/acc"], abs=1e-6
+    )
+
+
+@pytest.mark.slow
+def test_two_process_ddp_steps_equal_one_process_steps(tmp_path, idx_data_dir):
+    # Same seed, same global batch (2 x 32 vs 1 x 64), no batch norm or dropout (their
+    # per-process statistics differ by design): the weights after N steps must match.
+    common = [
+        "model.net.batch_norm=false",
+        "model.net.dropout=0",
+        "model.scheduler=null",
+        "model.optimizer._target_=torch.optim.SGD",
+        "~model.optimizer.weight_decay",
+        "model.optimizer.lr=0.1",
+        "trainer.limit_train_batches=4",
+        "trainer.deterministic=true",
+        "trainer.limit_val_batches=1",
+        "test=false",
+    ]
+    weights = {}
+    for name, extra in {
+        "ddp": ["strategy=ddp", "trainer.devices=2", "data.batch_size=32"],
+        "single": ["data.batch_size=64"],
+    }.items():
+        run_dir = tmp_path / name
+        args = tiny_run_args(idx_data_dir, run_dir, *common, *extra)
+        result = run_script("train.py", *args, env=ddp_env())
+        assert result.returncode == 0, result.stderr[-3000:]
+        state = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+        weights[name] = state
+        assert (
+            torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
+        )
+    for key, value in weights["single"].items():
+        torch.testing.assert_close(weights["ddp"][key], value, rtol=1e-5, atol=1e-6, msg=key)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("strategy", "hook"),
+    [
+        ("ddp_fp16", "fp16_compress_hook"),
+        ("ddp_bf16", "bf16_compress_hook"),
+        ("ddp_powersgd", "powerSGD_hook"),
+    ],
+)
+def test_gradient_compression_hook_is_attached_on_cpu(tmp_path, idx_data_dir, strategy, hook):
+    args = tiny_run_args(
+        idx_data_dir,
+        tmp_path / "run",
+        f"strategy={strategy}",
+        "trainer.devices=2",
+        "trainer.limit_train_batches=3",
+        "test=false",
+    )
+    result = run_script("train.py", *args, env=ddp_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    # Read back from the wrapped DDP module itself (its logging data), not from our config.
+    assert f"DDP gradient communication hook attached: {hook}" in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_two_node_torchrun_on_localhost_shares_one_run_dir(tmp_path, idx_data_dir):
+    port = free_port()
+    args = tiny_run_args(
+        idx_data_dir,
+        tmp_path / "unused",
+        "strategy=ddp",
+        "trainer.num_nodes=2",
+        "trainer.devices=1",
+        f"paths.log_dir={tmp_path / 'logs'}",
+    )
+    args = [a for a in args if not a.startswith("hydra.run.dir")]  # pinned by the job id
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                "--nproc-per-node=1",
+                f"--node-rank={rank}",
+                "--master-addr=127.0.0.1",
+                f"--master-port={port}",
+                "--rdzv-id=job42",
+                "train.py",
+                *args,
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:]
+    runs = list((tmp_path / "logs" / "train" / "runs").iterdir())
+    assert [r.name for r in runs] == ["torchrun-job42"]
+    assert (runs[0] / "metrics.json").is_file()
+
+
+@pytest.mark.slow
+def test_simulated_slurm_job_runs_both_tasks_into_the_job_folder(tmp_path, idx_data_dir):
+    job_id = str(20000 + free_port() % 9000)  # Lightning derives the port from the job id
+    args = tiny_run_args(
+        idx_data_dir,
+        tmp_path / "unused",
+        "strategy=ddp",
+        "trainer.devices=2",
+        f"paths.log_dir={tmp_path / 'logs'}",
+    )
+    args = [a for a in args if not a.startswith("hydra.run.dir")]
+    slurm = {
+        "SLURM_JOB_ID": job_id,
+        "SLURM_NTASKS": "2",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "SLURM_NODEID": "0",
+        "SLURM_JOB_NAME": "litforge",
+        "SLURM_NODELIST": "127.0.0.1",
+        "SLURM_JOB_NUM_NODES": "1",
+    }
+    tasks = [
+        subprocess.Popen(
+            [sys.executable, "train.py", *args],
+            cwd=ROOT,
+            env={**os.environ, **slurm, "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in (0, 1)
+    ]
+    outputs = [task.communicate(timeout=300)[0] for task in tasks]
+    assert [task.returncode for task in tasks] == [0, 0], outputs[0][-3000:]
+    runs = [r.name for r in (tmp_path / "logs" / "train" / "runs").iterdir()]
+    assert runs == [f"slurm-{job_id}"]
