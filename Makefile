@@ -5,7 +5,7 @@ DATASET ?= fashion_mnist
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install data train test test-fast lint clean
+.PHONY: help install data train test test-fast lint bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -31,6 +31,9 @@ test-fast: .installed  ## the tests not marked slow
 
 lint: .installed  ## ruff and file hygiene through pre-commit
 	pre-commit run --all-files
+
+bench: data  ## seconds per epoch: the template against a hand-written loop (README, Benchmarks)
+	$(PYTHON) benchmarks/epoch_time.py --extras
 
 clean:  ## remove run outputs (logs/) and caches; keeps data/
 	rm -rf logs outputs multirun .pytest_cache .ruff_cache

@@ -1,5 +1,5 @@
-"""Rename the package (src/<old> → src/<new>) and every mention of it, for a project made from
-this template:
+"""Rename the package (src/<old> → src/<new>, src/hydra_plugins/<old> → .../<new>) and every
+mention of it, for a project made from this template:
 
     python scripts/rename_package.py mynet
     pip install -e ".[dev]"   # re-install under the new name
@@ -59,7 +59,10 @@ def main(argv: list[str]) -> int:
         if renamed != text:
             path.write_text(renamed)
             changed += 1
-    (ROOT / "src" / old).rename(ROOT / "src" / new)
+    # src/<old> and the Hydra plugins in src/hydra_plugins/<old>
+    for directory in sorted((ROOT / "src").rglob(old), reverse=True):
+        if directory.is_dir():
+            directory.rename(directory.with_name(new))
     for egg_info in (ROOT / "src").glob(f"{old}.egg-info"):
         print(f"note: remove the stale {egg_info.name} (rm -r {egg_info})")
     print(f"Renamed {old} -> {new} in {changed} files and moved src/{old} to src/{new}.")
