@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT, free_port, run_script, tiny_run_args
+from helpers import free_port, run_script, tiny_run_args
 
 MP = ["strategy=model_parallel", "strategy.timeout.minutes=3"]
 
