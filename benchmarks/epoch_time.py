@@ -122,6 +122,7 @@ def startup_seconds() -> float:
             "logger=none",
             "callbacks=none",
             "extras.print_config=false",
+            "optimized_metric=null",
             f"hydra.run.dir={tempfile.mkdtemp()}",
         ],
         cwd=ROOT,
