@@ -234,3 +234,18 @@ def test_simulated_slurm_job_runs_both_tasks_into_the_job_folder(tmp_path, idx_d
     assert [task.returncode for task in tasks] == [0, 0], outputs[0][-3000:]
     runs = [r.name for r in (tmp_path / "logs" / "train" / "runs").iterdir()]
     assert runs == [f"slurm-{job_id}"]
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.stem for p in (ROOT / "conf" / "strategy").glob("*.yaml") if p.stem != "auto")
+)
+def test_every_strategy_config_builds_its_strategy(tmp_path, name):
+    from hydra.utils import instantiate
+
+    strategy = instantiate(compose_config("train", tmp_path, [f"strategy={name}"]).strategy)
+    assert type(strategy).__name__.endswith("Strategy")
+    if name == "fsdp":  # layer classes become FSDP units
+        policy = strategy.kwargs["auto_wrap_policy"]
+        assert {torch.nn.Linear, torch.nn.Conv2d} <= set(policy._module_classes)
+    if name.startswith("ddp_") and name not in ("ddp_spawn", "ddp_fork"):
+        assert strategy._ddp_comm_hook is not None
