@@ -36,6 +36,9 @@ def project_files() -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
+    if argv in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
     if len(argv) != 1 or not re.fullmatch(r"[a-z_][a-z0-9_]*", argv[0]):
         print(__doc__)
         print("error: give one new name: lowercase letters, digits and underscores.")
