@@ -1,9 +1,11 @@
 """Test a checkpoint: `python eval.py ckpt_path=<file> [data=<dataset it was trained on>]`."""
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
-from litforge.errors import exit_on_user_error
+from litforge.errors import exit_on_user_error, exit_status
 from litforge.pipeline import evaluate
 
 
@@ -15,3 +17,4 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     main()
+    sys.exit(exit_status())  # non-zero when a job of a sweep (-m) failed

@@ -1,9 +1,11 @@
 """Train a classifier: `python train.py [group=option ...] [key=value ...]` (see README.md)."""
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
-from litforge.errors import exit_on_user_error
+from litforge.errors import exit_on_user_error, exit_status
 from litforge.pipeline import optimized_metric, train
 
 
@@ -15,3 +17,4 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     main()
+    sys.exit(exit_status())  # non-zero when a job of a sweep (-m) failed

@@ -51,7 +51,9 @@ def test_failed_job_is_reported_after_the_others_ran(tmp_path, idx_data_dir):
         "trainer.limit_train_batches=2",
         f"hydra.sweep.dir={sweep_dir}",
     )
-    assert result.returncode != 0
+    assert result.returncode == 1
     assert "data.val_size=100000 must be at least 0" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "error: 1 job(s) of the sweep failed:" in result.stderr
     assert re.search(r"job #1 \(.*data.val_size=100000.*\) exited with status 1", result.stderr)
     assert (sweep_dir / "0" / "metrics.json").is_file()

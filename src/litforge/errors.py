@@ -14,6 +14,19 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+# Jobs of a sweep (-m) that failed, as the subprocess launcher reported them; see `exit_status`.
+failed_sweep_jobs: list[str] = []
+
+
+def exit_status() -> int:
+    """0, or 1 when a job of a sweep failed: entry points exit with this after `main()`."""
+    if failed_sweep_jobs:
+        print(f"error: {len(failed_sweep_jobs)} job(s) of the sweep failed:", file=sys.stderr)
+        for message in failed_sweep_jobs:
+            print(f"  {message}", file=sys.stderr)
+    return 1 if failed_sweep_jobs else 0
+
+
 class UserError(Exception):
     """A problem the user can fix (a missing file, a bad value). The message says what and how."""
 

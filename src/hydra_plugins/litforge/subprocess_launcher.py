@@ -25,6 +25,8 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from litforge import errors
+
 log = logging.getLogger(__name__)
 
 # What a job must not inherit from the sweeping process: it elects its own ranks and port.
@@ -58,10 +60,6 @@ class SubprocessLauncherConf:
 ConfigStore.instance().store(
     group="hydra/launcher", name="subprocess", node=SubprocessLauncherConf, provider="litforge"
 )
-
-
-class JobFailed(RuntimeError):
-    pass
 
 
 class SubprocessLauncher(Launcher):
@@ -117,15 +115,18 @@ class SubprocessLauncher(Launcher):
             hydra_cfg=cfg,
             working_dir=str(run_dir),
             task_name=cfg.hydra.job.name,
+            status=JobStatus.COMPLETED,
         )
         if code != 0:
-            result.status = JobStatus.FAILED
-            result._return_value = JobFailed(
+            # Reported here, once; the other jobs go on, and train.py exits 1 at the end. (A
+            # FAILED status would make Hydra's sweeper stop with a traceback after this batch.)
+            message = (
                 f"job #{cfg.hydra.job.num} ({' '.join(overrides)}) exited with status {code}; "
                 f"its log is in {run_dir}"
             )
+            log.error(message)
+            errors.failed_sweep_jobs.append(message)
             return result
-        result.status = JobStatus.COMPLETED
         metrics_file = run_dir / "metrics.json"
         metric = OmegaConf.select(cfg, "optimized_metric")
         if metric and metrics_file.is_file():
