@@ -1,6 +1,7 @@
 """Sweeps (`-m`) run every job in a fresh process (hydra_plugins/litforge/subprocess_launcher.py):
 DDP jobs in a sweep each get the world size they asked for, and nothing leaks between them."""
 
+import csv
 import json
 import re
 
@@ -40,20 +41,37 @@ def test_ddp_sweep_gives_each_job_its_own_world_and_folder(tmp_path, idx_data_di
 
 
 @pytest.mark.slow
-def test_failed_job_is_reported_after_the_others_ran(tmp_path, idx_data_dir):
+def test_sweep_summary_has_failed_rows_and_seed_means(tmp_path, idx_data_dir):
     sweep_dir = tmp_path / "sweep"
     args = [a for a in tiny_run_args(idx_data_dir, tmp_path / "unused") if "hydra.run" not in a]
     result = run_script(
         "train.py",
         "-m",
         *args,
+        "seed=0,1",
         "data.val_size=100,100000",
         "trainer.limit_train_batches=2",
         f"hydra.sweep.dir={sweep_dir}",
     )
+    # the failing jobs do not stop the others; the sweep says so at the end and exits 1
     assert result.returncode == 1
-    assert "data.val_size=100000 must be at least 0" in result.stderr
     assert "Traceback" not in result.stderr
-    assert "error: 1 job(s) of the sweep failed:" in result.stderr
-    assert re.search(r"job #1 \(.*data.val_size=100000.*\) exited with status 1", result.stderr)
-    assert (sweep_dir / "0" / "metrics.json").is_file()
+    assert "error: 2 job(s) of the sweep failed:" in result.stderr
+    assert re.search(r"job #\d \(.*data.val_size=100000.*\) exited with status 1", result.stderr)
+
+    with (sweep_dir / "summary.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["status"] for r in rows] == ["completed"] * 2 + ["failed"] * 2 + ["completed"]
+    assert rows[4]["job"] == "mean ± std"
+    completed, failed, mean = rows[:2], rows[2:4], rows[4]
+    assert [float(r["val/acc_best"]) for r in completed] == sorted(
+        (float(r["val/acc_best"]) for r in completed), reverse=True
+    )
+    assert all(r["status"] == "failed" for r in failed)
+    assert all("data.val_size=100000 must be at least 0" in r["error"] for r in failed)
+    assert {frozenset(r["overrides"].split()) for r in failed} == {
+        frozenset({"seed=0", "data.val_size=100000"}),
+        frozenset({"seed=1", "data.val_size=100000"}),
+    }
+    assert mean["overrides"] == "data.val_size=100 (2 seeds)" and " ± " in mean["test/acc"]
+    assert (sweep_dir / "summary.md").read_text().count("\n") == 2 + 5

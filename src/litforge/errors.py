@@ -31,6 +31,15 @@ class UserError(Exception):
     """A problem the user can fix (a missing file, a bad value). The message says what and how."""
 
 
+def _user_error_in(err: BaseException | None) -> UserError | None:
+    """The UserError behind `err`, also when Hydra's instantiate wrapped it in its own exception."""
+    while err is not None:
+        if isinstance(err, UserError):
+            return err
+        err = err.__cause__
+    return None
+
+
 def exit_on_user_error(task: Callable[..., T]) -> Callable[..., T]:
     """Turn a `UserError` raised by `task` into one line on stderr and exit status 1.
 
@@ -41,11 +50,12 @@ def exit_on_user_error(task: Callable[..., T]) -> Callable[..., T]:
     def wrapper(*args, **kwargs):
         try:
             return task(*args, **kwargs)
-        except UserError as err:
-            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        except Exception as err:
+            user_error = _user_error_in(err)
+            if user_error is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
             log.debug("user error", exc_info=True)  # kept in the run's log file
-            print(f"error: {err}", file=sys.stderr, flush=True)
+            print(f"error: {user_error}", file=sys.stderr, flush=True)
             sys.exit(1)
 
     return wrapper

@@ -7,7 +7,8 @@ group, ranks and ports of one job leak into the next. Here each job is
 process, so whatever its strategy does starts from nothing and ends with the process. Its
 result (the config's `optimized_metric`, for sweepers) is read back from `metrics.json`.
 
-Selected in conf/hydra/default.yaml (`hydra/launcher: subprocess`).
+After each batch of jobs it writes the sweep's summary (`litforge.sweep_summary`). Selected in
+conf/hydra/default.yaml (`hydra/launcher: subprocess`).
 """
 
 import json
@@ -25,7 +26,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from litforge import errors
+from litforge import errors, sweep_summary
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class SubprocessLauncher(Launcher):
     def __init__(self) -> None:
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
+        self.results: list[sweep_summary.JobResult] = []  # over all batches of the sweep
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -103,12 +105,29 @@ class SubprocessLauncher(Launcher):
                 *hydra_overrides,
                 f"hydra.run.dir={run_dir}",
             ]
-            code = subprocess.run(command, env=env).returncode
-            returns.append(self._job_return(job_cfg, list(overrides), run_dir, code))
+            code, error = self._run(command, env)
+            returns.append(self._job_return(job_cfg, list(overrides), run_dir, code, error))
+        metric = OmegaConf.select(self.config, "optimized_metric")
+        mode = OmegaConf.select(self.config, "optimized_metric_mode", default="max")
+        sweep_summary.write(sweep_dir, self.results, metric, mode)
         return returns
 
     @staticmethod
-    def _job_return(cfg: DictConfig, overrides: list[str], run_dir: Path, code: int) -> JobReturn:
+    def _run(command: list[str], env: dict[str, str]) -> tuple[int, str]:
+        """Run a job; its output goes to ours as it comes. Returns its exit status and the last
+        `error:` line it printed (our entry points' one-line errors)."""
+        error = ""
+        with subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True) as process:
+            assert process.stderr is not None
+            for line in process.stderr:
+                sys.stderr.write(line)
+                if line.startswith("error:"):
+                    error = line[len("error:") :].strip()
+        return process.returncode, error
+
+    def _job_return(
+        self, cfg: DictConfig, overrides: list[str], run_dir: Path, code: int, error: str
+    ) -> JobReturn:
         result = JobReturn(
             overrides=overrides,
             cfg=cfg,
@@ -126,9 +145,18 @@ class SubprocessLauncher(Launcher):
             )
             log.error(message)
             errors.failed_sweep_jobs.append(message)
+            self.results.append(
+                sweep_summary.JobResult(
+                    cfg.hydra.job.num, overrides, run_dir, "failed", error=error or message
+                )
+            )
             return result
         metrics_file = run_dir / "metrics.json"
+        metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
+        self.results.append(
+            sweep_summary.JobResult(cfg.hydra.job.num, overrides, run_dir, "completed", metrics)
+        )
         metric = OmegaConf.select(cfg, "optimized_metric")
-        if metric and metrics_file.is_file():
-            result._return_value = json.loads(metrics_file.read_text()).get(metric)
+        if metric:
+            result._return_value = metrics.get(metric)
         return result

@@ -1,0 +1,106 @@
+"""The summary of a sweep (`-m`): one row per job — what it varied, how it ended, its final
+metrics, its folder — plus mean ± std rows for jobs that differ only by `seed`. Written into the
+sweep folder as `summary.csv` and `summary.md`, and printed, each time a batch of jobs ends.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import rich
+import rich.table
+
+
+@dataclass
+class JobResult:
+    num: int
+    overrides: list[str]
+    run_dir: Path
+    status: str  # "completed" or "failed"
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+
+
+def _varying(jobs: list[JobResult]) -> dict[int, str]:
+    """Each job's overrides, leaving out those every job shares."""
+    shared = set.intersection(*(set(job.overrides) for job in jobs)) if len(jobs) > 1 else set()
+    return {job.num: " ".join(o for o in job.overrides if o not in shared) for job in jobs}
+
+
+def _without_seed(overrides: str) -> str:
+    return re.sub(r"(^| )seed=\S+", "", overrides).strip()
+
+
+def rows(jobs: list[JobResult], metric: str | None, mode: str = "max") -> list[dict[str, str]]:
+    varying = _varying(jobs)
+    metric_names = sorted({name for job in jobs for name in job.metrics})
+
+    def sort_key(job: JobResult) -> tuple[int, float]:
+        value = job.metrics.get(metric, math.nan) if metric else math.nan
+        if math.isnan(value):
+            return (1, 0.0)  # failed and unscored jobs last
+        return (0, -value if mode == "max" else value)
+
+    table = []
+    for job in sorted(jobs, key=sort_key):
+        row = {"job": str(job.num), "overrides": varying[job.num], "status": job.status}
+        row |= {
+            name: f"{job.metrics[name]:.4f}" if name in job.metrics else "" for name in metric_names
+        }
+        row |= {"run_dir": str(job.run_dir), "error": job.error}
+        table.append(row)
+
+    groups: dict[str, list[JobResult]] = {}
+    for job in jobs:
+        if job.status == "completed" and "seed=" in varying[job.num]:
+            groups.setdefault(_without_seed(varying[job.num]), []).append(job)
+    for key, members in groups.items():
+        if len(members) < 2:
+            continue
+        row = {
+            "job": "mean ± std",
+            "overrides": f"{key} ({len(members)} seeds)".strip(),
+            "status": "completed",
+        }
+        for name in metric_names:
+            values = [job.metrics[name] for job in members if name in job.metrics]
+            row[name] = (
+                f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
+                if len(values) > 1
+                else ""
+            )
+        row |= {"run_dir": "", "error": ""}
+        table.append(row)
+    return table
+
+
+def write(sweep_dir: Path, jobs: list[JobResult], metric: str | None, mode: str = "max") -> None:
+    table = rows(jobs, metric, mode)
+    columns = list(table[0])
+    with (sweep_dir / "summary.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(table)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += [
+        "| " + " | ".join(row[c].replace("|", "\\|") for c in columns) + " |" for row in table
+    ]
+    (sweep_dir / "summary.md").write_text("\n".join(lines) + "\n")
+
+    # The console gets the columns that decide; the files have them all.
+    shown = ["job", "overrides", "status"] + [
+        c for c in (metric, "test/acc") if c and c in columns and c not in ("job", "overrides")
+    ]
+    printed = rich.table.Table(
+        title=f"Sweep summary: {sweep_dir / 'summary.md'}", title_justify="left"
+    )
+    for column in [*dict.fromkeys(shown), "error"]:
+        printed.add_column(column, overflow="fold")
+    for row in table:
+        printed.add_row(*(row[c] for c in [*dict.fromkeys(shown), "error"]))
+    rich.print(printed)
