@@ -29,7 +29,14 @@ def test_ddp_sweep_gives_each_job_its_own_world_and_folder(tmp_path, idx_data_di
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    assert sorted(p.name for p in sweep_dir.iterdir()) == ["0", "1", "multirun.yaml"]
+    assert sorted(p.name for p in sweep_dir.iterdir()) == [
+        "0",
+        "1",
+        "multirun.yaml",
+        "plots",
+        "summary.csv",
+        "summary.md",
+    ]
     assert not log_dir.exists(), "a rank re-running the sweep would write here"
     output = result.stdout + result.stderr
     # every job trained with the 2 processes it asked for
@@ -75,3 +82,4 @@ def test_sweep_summary_has_failed_rows_and_seed_means(tmp_path, idx_data_dir):
     }
     assert mean["overrides"] == "data.val_size=100 (2 seeds)" and " ± " in mean["test/acc"]
     assert (sweep_dir / "summary.md").read_text().count("\n") == 2 + 5
+    assert (sweep_dir / "plots" / "sweep.png").read_bytes().startswith(b"\x89PNG")

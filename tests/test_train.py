@@ -31,6 +31,13 @@ def test_run_dir_holds_checkpoints_logs_and_metrics(trained_run):
     assert optimized_metric(cfg, metrics) == metrics["val/acc_best"]
 
 
+def test_plots_are_pictures_of_the_run(trained_run):
+    _, _, run_dir = trained_run
+    for name in ("confusion_matrix.png", "curves.png"):
+        data = (run_dir / "plots" / name).read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000, name
+
+
 def test_checkpoints_load_with_weights_only(trained_run):
     _, _, run_dir = trained_run
     for path in (run_dir / "checkpoints").glob("*.ckpt"):
@@ -106,6 +113,6 @@ def test_sweep_from_another_directory_uses_it_as_the_project_root(tmp_path, idx_
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (sweep,) = (tmp_path / "logs" / "debug" / "multiruns").iterdir()
-    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1", "plots"]
     for job in ("0", "1"):
         assert "test/acc" in json.loads((sweep / job / "metrics.json").read_text())

@@ -17,9 +17,10 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
-from lightning.pytorch.loggers import Logger
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
+from litforge import plots
 from litforge.data.base import InMemoryImageDataModule
 from litforge.errors import UserError
 from litforge.models.classifier import ClassificationModule
@@ -119,15 +120,43 @@ def fit(trainer: L.Trainer, model: L.LightningModule, datamodule, ckpt_path=None
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
 
 
-def finish(cfg: DictConfig, trainer: L.Trainer, metrics: dict[str, float]) -> dict[str, float]:
-    """Write `metrics.json` into the run dir and print the final table (rank 0 only)."""
+def finish(
+    cfg: DictConfig, trainer: L.Trainer, model: ClassificationModule, metrics: dict[str, float]
+) -> dict[str, float]:
+    """Write `metrics.json` and `plots/` into the run dir, print the final table (rank 0)."""
     if trainer.is_global_zero:
         output_dir = Path(cfg.paths.output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
         path = output_dir / "metrics.json"
         path.write_text(json.dumps(dict(sorted(metrics.items())), indent=2) + "\n")
+        write_plots(trainer, model, output_dir / "plots")
         print_metrics(metrics, output_dir)
     return metrics
+
+
+def write_plots(trainer: L.Trainer, model: ClassificationModule, plot_dir: Path) -> None:
+    """plots/confusion_matrix.png (after a test) and plots/curves.png (from the CSV logger's
+    metrics), also sent to TensorBoard and Weights & Biases when they are logging."""
+    import matplotlib.pyplot as plt
+
+    figures = {}
+    if model.test_confusion_matrix is not None:
+        names = model.hparams.class_names or [str(i) for i in range(model.hparams.num_classes)]
+        path = plot_dir / "confusion_matrix.png"
+        figures[path] = plots.confusion_matrix(model.test_confusion_matrix, names, path)
+    csv_logger = next((lg for lg in trainer.loggers if isinstance(lg, CSVLogger)), None)
+    if csv_logger is not None and (Path(csv_logger.log_dir) / "metrics.csv").is_file():
+        path = plot_dir / "curves.png"
+        figure = plots.curves(Path(csv_logger.log_dir) / "metrics.csv", path)
+        if figure is not None:
+            figures[path] = figure
+    for path, figure in figures.items():
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_figure(path.stem, figure)
+            elif isinstance(logger, WandbLogger):
+                logger.log_image(key=path.stem, images=[str(path)])
+        plt.close(figure)
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -152,7 +181,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         trainer.test(model, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
         metrics.update(_float_metrics(trainer))
 
-    return finish(cfg, trainer, metrics)
+    return finish(cfg, trainer, model, metrics)
 
 
 def load_checkpoint(ckpt_path: str | None) -> dict[str, Any]:
@@ -196,7 +225,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     model = model_from_checkpoint(checkpoint, datamodule, cfg.ckpt_path)
     trainer = build_trainer(cfg)
     trainer.test(model, datamodule=datamodule)
-    return finish(cfg, trainer, _float_metrics(trainer))
+    return finish(cfg, trainer, model, _float_metrics(trainer))
 
 
 def optimized_metric(cfg: DictConfig, metrics: dict[str, float]) -> float | None:

@@ -92,6 +92,19 @@ def write(sweep_dir: Path, jobs: list[JobResult], metric: str | None, mode: str 
     ]
     (sweep_dir / "summary.md").write_text("\n".join(lines) + "\n")
 
+    if metric and any(metric in job.metrics for job in jobs):
+        from litforge import plots
+
+        scored = [job for job in jobs if metric in job.metrics]
+        labels = [f"#{job.num} {_varying(jobs)[job.num]}" for job in scored]
+        figure = plots.sweep(
+            labels,
+            [job.metrics[metric] for job in scored],
+            metric,
+            sweep_dir / "plots" / "sweep.png",
+        )
+        figure.clf()
+
     # The console gets the columns that decide; the files have them all.
     shown = ["job", "overrides", "status"] + [
         c for c in (metric, "test/acc") if c and c in columns and c not in ("job", "overrides")

@@ -11,7 +11,11 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torchmetrics import MaxMetric, MeanMetric, MetricCollection
-from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+from torchmetrics.classification import (
+    MulticlassAccuracy,
+    MulticlassConfusionMatrix,
+    MulticlassF1Score,
+)
 
 
 def _plain(config: Any) -> Any:
@@ -77,6 +81,8 @@ class ClassificationModule(L.LightningModule):
         self.val_metrics = metrics("val/")
         self.test_metrics = metrics("test/")
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
+        self.test_confusion = MulticlassConfusionMatrix(num_classes)  # for plots/, after test
+        self.test_confusion_matrix: torch.Tensor | None = None
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # part of the checkpoint, so a resumed run keeps it
         self._train_sums: torch.Tensor | None = None  # loss × n, correct, n over this epoch
@@ -126,11 +132,12 @@ class ClassificationModule(L.LightningModule):
         self.log("train/loss", loss_sum / count, prog_bar=True)
         self.log("train/acc", correct / count, prog_bar=True)
 
-    def _evaluate(self, batch, metrics: MetricCollection, loss: MeanMetric) -> None:
+    def _evaluate(self, batch, metrics: MetricCollection, loss: MeanMetric) -> torch.Tensor:
         x, y = batch
         logits = self(x)
         loss.update(F.cross_entropy(logits, y), weight=len(y))
         metrics.update(logits, y)
+        return logits
 
     def _log_evaluation(self, metrics: MetricCollection, loss: MeanMetric, prefix: str) -> dict:
         # Logged once per epoch rather than every step (each `self.log` costs ~1 ms on a CPU).
@@ -145,7 +152,8 @@ class ClassificationModule(L.LightningModule):
         self._evaluate(batch, self.val_metrics, self.val_loss)
 
     def test_step(self, batch, batch_idx: int) -> None:
-        self._evaluate(batch, self.test_metrics, self.test_loss)
+        logits = self._evaluate(batch, self.test_metrics, self.test_loss)
+        self.test_confusion.update(logits, batch[1])
 
     def on_train_start(self) -> None:
         # The sanity check ran validation on untrained weights: don't let it count as a best.
@@ -159,6 +167,8 @@ class ClassificationModule(L.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self._log_evaluation(self.test_metrics, self.test_loss, "test")
+        self.test_confusion_matrix = self.test_confusion.compute().cpu()  # synced over processes
+        self.test_confusion.reset()
 
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = instantiate(self.hparams.optimizer)(params=self.parameters())
