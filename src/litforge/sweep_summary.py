@@ -96,7 +96,8 @@ def write(sweep_dir: Path, jobs: list[JobResult], metric: str | None, mode: str 
         from litforge import plots
 
         scored = [job for job in jobs if metric in job.metrics]
-        labels = [f"#{job.num} {_varying(jobs)[job.num]}" for job in scored]
+        varying = _varying(jobs)
+        labels = [f"#{job.num} {varying[job.num]}" for job in scored]
         figure = plots.sweep(
             labels,
             [job.metrics[metric] for job in scored],
