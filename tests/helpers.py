@@ -96,16 +96,27 @@ def run_script(
 OFFLINE_SITECUSTOMIZE = """
 import socket
 
+_connect = socket.socket.connect
+
+
+def _no_network(self, address, *args):
+    if self.family in (socket.AF_INET, socket.AF_INET6):
+        raise OSError("network disabled by the test")
+    return _connect(self, address, *args)  # local (unix) sockets still work
+
+
 def _refuse(*args, **kwargs):
     raise OSError("network disabled by the test")
 
-socket.socket.connect = _refuse
+
+socket.socket.connect = _no_network
 socket.getaddrinfo = _refuse
 """
 
 
 def offline_env(tmp_path: Path) -> dict[str, str]:
-    """Environment for a subprocess in which every network connection fails."""
+    """Environment for a subprocess in which every network connection fails (name lookups and
+    TCP/IP connects; local unix sockets, which wandb's own service uses, still work)."""
     site = tmp_path / "offline_site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(OFFLINE_SITECUSTOMIZE)

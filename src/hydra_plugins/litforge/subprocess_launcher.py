@@ -87,6 +87,7 @@ class SubprocessLauncher(Launcher):
             o for o in self.config.hydra.overrides.hydra if not o.startswith(SWEEP_ONLY)
         ]
         env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
+        env["LITFORGE_SWEEP"] = sweep_dir.name  # groups the jobs in trackers (wandb group)
         returns = []
         for num, overrides in enumerate(job_overrides, start=initial_job_idx):
             log.info(f"\t#{num} : {' '.join(filter_overrides(overrides))}")
