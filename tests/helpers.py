@@ -175,8 +175,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def tiny_run_args(data_dir: Path, run_dir: Path, *extra: str) -> list[str]:
-    """Overrides for a seconds-long CPU run on the small MNIST files in `data_dir`."""
+def tiny_run_args(data_dir: Path, run_dir: Path | None, *extra: str) -> list[str]:
+    """Overrides for a seconds-long CPU run on the small MNIST files in `data_dir`; `run_dir`
+    None leaves the folder to Hydra (sweeps, runs pinned to a cluster job id)."""
     return [
         "data=mnist",
         f"paths.data_dir={data_dir}",
@@ -186,6 +187,6 @@ def tiny_run_args(data_dir: Path, run_dir: Path, *extra: str) -> list[str]:
         "trainer.max_epochs=1",
         "extras.print_config=false",
         "callbacks.rich_progress_bar=null",
-        f"hydra.run.dir={run_dir}",
+        *([f"hydra.run.dir={run_dir}"] if run_dir is not None else []),
         *extra,
     ]

@@ -163,13 +163,12 @@ def test_two_node_torchrun_on_localhost_shares_one_run_dir(tmp_path, idx_data_di
     port = free_port()
     args = tiny_run_args(
         idx_data_dir,
-        tmp_path / "unused",
+        None,  # the folder is pinned by the job id
         "strategy=ddp",
         "trainer.num_nodes=2",
         "trainer.devices=1",
         f"paths.log_dir={tmp_path / 'logs'}",
     )
-    args = [a for a in args if not a.startswith("hydra.run.dir")]  # pinned by the job id
     nodes = [
         subprocess.Popen(
             [
@@ -204,12 +203,11 @@ def test_simulated_slurm_job_runs_both_tasks_into_the_job_folder(tmp_path, idx_d
     job_id = str(20000 + free_port() % 9000)  # Lightning derives the port from the job id
     args = tiny_run_args(
         idx_data_dir,
-        tmp_path / "unused",
+        None,  # the folder is pinned by the job id
         "strategy=ddp",
         "trainer.devices=2",
         f"paths.log_dir={tmp_path / 'logs'}",
     )
-    args = [a for a in args if not a.startswith("hydra.run.dir")]
     slurm = {
         "SLURM_JOB_ID": job_id,
         "SLURM_NTASKS": "2",

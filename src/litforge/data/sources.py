@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from litforge.errors import UserError
@@ -44,7 +44,7 @@ class DatasetSource:
     system_name: str | None = None
     debian_package: str | None = None
     extract: bool = False  # archives that unpack into `files` (CIFAR-10's tarball)
-    aliases: tuple[str, ...] = field(default=())  # other dirs in data_dir, e.g. torchvision's
+    aliases: tuple[str, ...] = ()  # other dirs in data_dir, e.g. torchvision's
 
 
 def find_file(directory: Path, filename: str) -> Path | None:
