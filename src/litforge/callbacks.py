@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import lightning as L
@@ -39,3 +40,44 @@ class RichProgressBar(_LightningRichProgressBar):
     ) -> None:
         if self.is_enabled and self._due(batch_idx, self.total_test_batches_current_dataloader):
             super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+
+
+# Set by the Optuna sweeper (hydra_plugins.litforge.optuna_sweeper) for each job when the
+# search has a pruner: JSON with trial_id, study_name, storage and pruner (a `_target_` config).
+OPTUNA_TRIAL_ENV = "LITFORGE_OPTUNA_TRIAL"
+
+
+class OptunaPruning(L.Callback):
+    """Report `monitor` to the Optuna trial after each validation epoch and stop training when
+    the study's pruner says the trial is hopeless. The sweeper then records it as PRUNED.
+
+    `pipeline.build_trainer` adds it when the job was started by the Optuna sweeper.
+    """
+
+    def __init__(self, trial: str, monitor: str) -> None:
+        import optuna
+        from hydra.utils import instantiate
+
+        spec = json.loads(trial)
+        study = optuna.load_study(
+            study_name=spec["study_name"],
+            storage=spec["storage"],
+            pruner=instantiate(spec["pruner"]),  # the search's pruner decides
+        )
+        # Optuna's way to reach a trial from another process: the study and the trial's id.
+        self.trial = optuna.trial.Trial(study, spec["trial_id"])
+        self.monitor = monitor
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or self.monitor not in trainer.callback_metrics:
+            return
+        epoch = trainer.current_epoch
+        prune = False
+        if trainer.is_global_zero:
+            self.trial.report(float(trainer.callback_metrics[self.monitor]), step=epoch)
+            prune = self.trial.should_prune()
+            if prune:
+                self.trial.set_user_attr("pruned_at_epoch", epoch)
+                print(f"Optuna pruned trial {self.trial.number} after epoch {epoch}.", flush=True)
+        # Every process stops together, as rank 0 decided.
+        trainer.should_stop = trainer.should_stop or trainer.strategy.broadcast(prune)

@@ -10,6 +10,7 @@ import gc
 import json
 import logging
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, Wand
 from omegaconf import DictConfig, OmegaConf
 
 from litforge import plots
+from litforge.callbacks import OPTUNA_TRIAL_ENV, OptunaPruning
 from litforge.data.base import InMemoryImageDataModule
 from litforge.errors import UserError
 from litforge.models.classifier import ClassificationModule
@@ -67,6 +69,8 @@ def build_trainer(cfg: DictConfig) -> L.Trainer:
     strategy = instantiate(cfg.strategy) if "_target_" in cfg.strategy else cfg.strategy.name
     if loggers:
         callbacks.append(LogRunConfig(OmegaConf.to_container(cfg, resolve=True)))
+    if os.environ.get(OPTUNA_TRIAL_ENV) and cfg.get("optimized_metric"):
+        callbacks.append(OptunaPruning(os.environ[OPTUNA_TRIAL_ENV], cfg.optimized_metric))
     return instantiate(cfg.trainer, strategy=strategy, callbacks=callbacks, logger=loggers or False)
 
 

@@ -68,6 +68,7 @@ class SubprocessLauncher(Launcher):
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.results: list[sweep_summary.JobResult] = []  # over all batches of the sweep
+        self.write_summary = True  # a sweeper that writes its own summary turns this off
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -108,9 +109,10 @@ class SubprocessLauncher(Launcher):
             ]
             code, error = self._run(command, env)
             returns.append(self._job_return(job_cfg, list(overrides), run_dir, code, error))
-        metric = OmegaConf.select(self.config, "optimized_metric")
-        mode = OmegaConf.select(self.config, "optimized_metric_mode", default="max")
-        sweep_summary.write(sweep_dir, self.results, metric, mode)
+        if self.write_summary:
+            metric = OmegaConf.select(self.config, "optimized_metric")
+            mode = OmegaConf.select(self.config, "optimized_metric_mode", default="max")
+            sweep_summary.write(sweep_dir, self.results, metric, mode)
         return returns
 
     @staticmethod

@@ -1,0 +1,330 @@
+"""A Hydra sweeper that searches hyperparameters with Optuna (>= 4), through its ask/tell API.
+
+`python train.py -m hparams_search=optuna` (conf/hparams_search/). The search space is
+`hydra.sweeper.params`, in Hydra's sweep syntax, and sweep overrides on the command line join it:
+
+    model.optimizer.lr: tag(log, interval(1e-4, 1e-2))   # float, log scale
+    model.net.dropout: interval(0.0, 0.5)                 # float
+    trainer.max_epochs: int(interval(2, 8))               # int (tag(log, ...) for log scale)
+    data.batch_size: range(64, 513, 64)                   # int with a step (end excluded)
+    model: choice(mlp, cnn)                               # categorical
+    seed: 7                                               # not a sweep: fixed for all trials
+
+One trial at a time: ask Optuna for values, run the job through the launcher (by default each
+job is its own `python train.py ...` process), tell Optuna the job's `optimized_metric`. A job
+that crashes or returns NaN is told as FAIL and the search goes on. The study lives in SQLite in
+the sweep folder (or `storage`); running the same command again opens the same study and runs
+the trials it still lacks (`n_trials` counts all finished trials of the study), so an
+interrupted search resumes and a larger `n_trials` extends it. Optuna's database is the source
+of truth: after each trial the sweep summary (`litforge.sweep_summary`) is rewritten from it,
+with `best.yaml` holding the best trial's parameters.
+
+With a `pruner`, each job reports its monitored metric after every validation epoch
+(`litforge.callbacks.OptunaPruning`) and stops early when the pruner says so; the trial is then
+told PRUNED.
+"""
+
+import json
+import logging
+import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
+from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from litforge import errors, sweep_summary
+from litforge.callbacks import OPTUNA_TRIAL_ENV
+from litforge.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class OptunaSweeperConf:
+    _target_: str = "hydra_plugins.litforge.optuna_sweeper.OptunaSweeper"
+    _recursive_: bool = False  # sampler and pruner stay configs: jobs rebuild the pruner
+    study_name: str = "search"
+    n_trials: int = 20  # finished trials the study should hold
+    # null: SQLite in the sweep folder. Any Optuna storage URL works (postgresql://...).
+    storage: Any = None
+    # null: maximize or minimize as the config's `optimized_metric_mode` says.
+    direction: Any = None
+    # `_target_` configs; null sampler: TPE seeded with the config's `seed`. null pruner: none.
+    sampler: Any = None
+    pruner: Any = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+ConfigStore.instance().store(
+    group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider="litforge"
+)
+
+
+def _distribution(override: Override) -> Any:
+    """The Optuna distribution for one sweep override (`interval`, `range`, `choice`)."""
+    import optuna.distributions as d
+
+    key, sweep = override.get_key_element(), override.value()
+    log_scale = "log" in getattr(sweep, "tags", set())
+    if isinstance(sweep, IntervalSweep):
+        if isinstance(sweep.start, int) and isinstance(sweep.end, int):  # int(interval(...))
+            return d.IntDistribution(sweep.start, sweep.end, log=log_scale)
+        return d.FloatDistribution(float(sweep.start), float(sweep.end), log=log_scale)
+    if isinstance(sweep, RangeSweep):
+        values = list(sweep.range())
+        if not values:
+            raise UserError(f"search space: {key}={override.input_line} is an empty range")
+        if log_scale:
+            raise UserError(
+                f"search space: {key}: tag(log, ...) needs an interval, not a range; write "
+                f"tag(log, int(interval({sweep.start}, {values[-1]})))"
+            )
+        if all(isinstance(v, int) for v in values):
+            return d.IntDistribution(values[0], values[-1], step=int(sweep.step))
+        return d.FloatDistribution(values[0], values[-1], step=float(sweep.step))
+    if isinstance(sweep, ChoiceSweep):
+        plain = all(v is None or isinstance(v, bool | int | float | str) for v in sweep.list)
+        # Optuna stores plain values only: lists and dicts become their override text.
+        return d.CategoricalDistribution(
+            sweep.list if plain else list(override.sweep_string_iterator())
+        )
+    raise UserError(f"search space: {key}: unsupported sweep {override.input_line}")
+
+
+def _check_compatible(study: Any, space: dict[str, Any]) -> None:
+    """A parameter keeps its kind within a study (Optuna refuses, mid-trial, otherwise)."""
+    from optuna.distributions import check_distribution_compatibility
+
+    for trial in study.get_trials(deepcopy=False):
+        for name, old in trial.distributions.items():
+            if name in space:
+                try:
+                    check_distribution_compatibility(old, space[name])
+                except ValueError as err:
+                    raise UserError(
+                        f"search space: {name} was {old} in study {study.study_name!r} and is now "
+                        f"{space[name]} ({err}); keep its kind, or start a new study with "
+                        f"hydra.sweeper.study_name=<new name>"
+                    ) from err
+
+
+def _override_value(value: Any) -> str:
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+class OptunaSweeper(Sweeper):
+    def __init__(
+        self,
+        study_name: str,
+        n_trials: int,
+        storage: str | None,
+        direction: str | None,
+        sampler: Any,
+        pruner: Any,
+        params: dict[str, Any],
+    ) -> None:
+        self.study_name, self.n_trials, self.storage = study_name, n_trials, storage
+        self.direction, self.sampler, self.pruner = direction, sampler, pruner
+        self.params = dict(params or {})
+        self.config: DictConfig | None = None
+        self.launcher: Any = None
+
+    def setup(
+        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ) -> None:
+        self.config, self.hydra_context = config, hydra_context
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+        self.launcher.write_summary = False  # ours is written from the study
+
+    def _search_space(self, arguments: list[str]) -> tuple[list[str], dict[str, Any]]:
+        """Fixed overrides for every trial, and the distributions to sample from. Command-line
+        arguments win over `hydra.sweeper.params` for the same key."""
+        merged = {
+            str(key): f"{key}={value}" for key, value in self.params.items() if value is not None
+        }
+        parser = OverridesParser.create()
+        for override in parser.parse_overrides(arguments):
+            merged[override.get_key_element()] = override.input_line
+        fixed, space = [], {}
+        for line in merged.values():
+            override = parser.parse_override(line)
+            if override.is_sweep_override():
+                space[override.get_key_element()] = _distribution(override)
+            else:
+                fixed.append(line)
+        if not space:
+            raise UserError(
+                "the Optuna sweeper has nothing to search: give hydra.sweeper.params "
+                "(see conf/hparams_search/optuna.yaml) or a sweep such as "
+                "'model.optimizer.lr=tag(log,interval(1e-4,1e-2))'"
+            )
+        return fixed, space
+
+    def _create_study(self, sweep_dir: Path) -> Any:
+        import optuna
+
+        assert self.config is not None
+        mode = OmegaConf.select(self.config, "optimized_metric_mode", default="max")
+        direction = self.direction or ("maximize" if mode == "max" else "minimize")
+        sampler = (
+            instantiate(self.sampler)
+            if self.sampler
+            else optuna.samplers.TPESampler(seed=OmegaConf.select(self.config, "seed"))
+        )
+        pruner = instantiate(self.pruner) if self.pruner else optuna.pruners.NopPruner()
+        storage = self.storage or f"sqlite:///{(sweep_dir / 'optuna.db').resolve()}"
+        try:
+            study = optuna.create_study(
+                study_name=self.study_name,
+                storage=storage,
+                sampler=sampler,
+                pruner=pruner,
+                direction=direction,
+                load_if_exists=True,
+            )
+        except ValueError as err:  # e.g. the stored study has another direction
+            raise UserError(f"Optuna study {self.study_name!r} in {storage}: {err}") from err
+        # A trial still RUNNING was cut off with its invocation (one search per study at a time).
+        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            log.warning(f"trial {trial.number} was interrupted; recording it as failed")
+            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+        return study, storage
+
+    @errors.exit_on_user_error  # a UserError here is one line too, as in train.py
+    def sweep(self, arguments: list[str]) -> None:
+        import optuna
+
+        assert self.config is not None and self.launcher is not None
+        if not OmegaConf.select(self.config, "optimized_metric"):
+            raise UserError("the Optuna sweeper needs `optimized_metric` (e.g. val/acc_best)")
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        fixed, space = self._search_space(arguments)
+        study, storage = self._create_study(sweep_dir)
+        _check_compatible(study, space)
+        finished = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
+        todo = self.n_trials - finished
+        log.info(
+            f"Optuna study {self.study_name!r} ({storage}): {finished} finished trial(s), "
+            f"{max(todo, 0)} to run (n_trials={self.n_trials})"
+        )
+        if todo <= 0:
+            log.info(f"Nothing to run: raise hydra.sweeper.n_trials above {finished} to add more.")
+        for _ in range(max(todo, 0)):
+            trial = study.ask(fixed_distributions=space)
+            overrides = fixed + [f"{k}={_override_value(v)}" for k, v in trial.params.items()]
+            trial.set_user_attr("overrides", overrides)
+            with self._trial_env(storage, trial._trial_id):
+                [job] = self.launcher.launch([overrides], initial_job_idx=trial.number)
+            self._tell(study, trial, job)
+            self._write_summary(study, sweep_dir)
+        # Failed trials are results of a search, recorded in the study and the summary; the
+        # search itself failed only when no trial completed.
+        errors.failed_sweep_jobs.clear()
+        if not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            raise UserError(
+                f"no trial of Optuna study {self.study_name!r} completed; the errors are in "
+                f"{sweep_dir / 'summary.md'}"
+            )
+
+    @contextmanager
+    def _trial_env(self, storage: str, trial_id: int) -> Iterator[None]:
+        """Tell the job which trial it is, so that it can report to the pruner."""
+        if not self.pruner:
+            yield
+            return
+        os.environ[OPTUNA_TRIAL_ENV] = json.dumps(
+            {
+                "trial_id": trial_id,
+                "study_name": self.study_name,
+                "storage": storage,
+                "pruner": OmegaConf.to_container(self.pruner, resolve=True),
+            }
+        )
+        try:
+            yield
+        finally:
+            del os.environ[OPTUNA_TRIAL_ENV]
+
+    def _tell(self, study: Any, trial: Any, job: Any) -> None:
+        from optuna.trial import TrialState
+
+        trial.set_user_attr("run_dir", str(job.working_dir))
+        latest = getattr(self.launcher, "results", None)  # litforge's launcher: error lines
+        if latest and latest[-1].error:
+            trial.set_user_attr("error", latest[-1].error)
+        value = job.return_value if job.status.name == "COMPLETED" else None
+        # Read back what the job itself wrote into the trial (OptunaPruning).
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        stored = next(t for t in running if t.number == trial.number)
+        if "pruned_at_epoch" in stored.user_attrs:
+            study.tell(trial, state=TrialState.PRUNED)
+        elif value is None or not math.isfinite(float(value)):
+            if value is not None:
+                trial.set_user_attr("error", f"{OmegaConf.select(self.config, 'optimized_metric')}"
+                                    f" is {value}")
+            study.tell(trial, state=TrialState.FAIL)
+        else:
+            study.tell(trial, float(value))
+
+    def _write_summary(self, study: Any, sweep_dir: Path) -> None:
+        from optuna.trial import TrialState
+
+        assert self.config is not None
+        metric = OmegaConf.select(self.config, "optimized_metric")
+        mode = OmegaConf.select(self.config, "optimized_metric_mode", default="max")
+        status = {
+            TrialState.COMPLETE: "completed",
+            TrialState.FAIL: "failed",
+            TrialState.PRUNED: "pruned",
+        }
+        jobs = []
+        for trial in study.get_trials(deepcopy=False, states=tuple(status)):
+            run_dir = Path(trial.user_attrs.get("run_dir", ""))
+            metrics_file = run_dir / "metrics.json"
+            metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
+            if trial.value is not None:
+                metrics[metric] = trial.value
+            jobs.append(
+                sweep_summary.JobResult(
+                    trial.number,
+                    list(trial.user_attrs.get("overrides", [])),
+                    run_dir,
+                    status[trial.state],
+                    metrics if trial.state == TrialState.COMPLETE else {},
+                    trial.user_attrs.get("error", ""),
+                )
+            )
+        sweep_summary.write(sweep_dir, jobs, metric, mode)
+        completed = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+        if completed:
+            best = study.best_trial
+            summary = {
+                "study_name": self.study_name,
+                "direction": study.direction.name.lower(),
+                "trials": len(jobs),
+                "best_trial": best.number,
+                metric: best.value,
+                "best_params": best.params,
+                "overrides": best.user_attrs.get("overrides", []),
+            }
+            OmegaConf.save(OmegaConf.create(summary), sweep_dir / "best.yaml")
+            log.info(
+                f"Best so far: trial {best.number}, {metric}={best.value:.4f}: "
+                f"{' '.join(best.user_attrs.get('overrides', []))}"
+            )
