@@ -25,6 +25,7 @@ def test_groups_are_the_documented_ones():
         "extras",
         "debug",
         "experiment",
+        "hparams_search",
     }
 
 

@@ -1,13 +1,41 @@
-"""`logger=wandb` (litforge.loggers.WandbLogger): never waits for a login or the network."""
+"""`logger=`: wandb (litforge.loggers.WandbLogger) never waits for a login or the network;
+tensorboard records the model graph when asked."""
 
+import importlib.util
 import os
 
 import pytest
-from helpers import offline_env, run_script, tiny_run_args
+from helpers import compose_config, offline_env, run_script, tiny_run_args
 
-pytest.importorskip("wandb", reason="pip install -e '.[loggers]'")
+from litforge.loggers import WandbLogger
+from litforge.pipeline import train
 
-from litforge.loggers import WandbLogger  # noqa: E402
+needs = {
+    name: pytest.mark.skipif(
+        importlib.util.find_spec(name) is None, reason=f"{name}: pip install -e '.[loggers]'"
+    )
+    for name in ("wandb", "tensorboard")
+}
+
+
+@needs["tensorboard"]
+@pytest.mark.parametrize("log_graph", [False, True])
+def test_tensorboard_records_the_graph_when_asked(tmp_path, idx_data_dir, log_graph):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    overrides = ["data=mnist", "data.val_size=100", "trainer.max_epochs=1", "model=cnn"]
+    overrides += ["logger=tensorboard", f"logger.tensorboard.log_graph={log_graph}"]
+    train(compose_config("train", tmp_path, overrides))
+    graphs = []
+    for events in (tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"):
+        accumulator = EventAccumulator(str(events))
+        accumulator.Reload()
+        if accumulator.Tags()["graph"]:
+            graphs.append({node.name.split("/")[0] for node in accumulator.Graph().node})
+    if log_graph:  # Lightning records it when fitting and again when testing
+        assert graphs and all(g == {"input", "output", "ClassificationModule"} for g in graphs)
+    else:
+        assert graphs == []
 
 
 @pytest.fixture
@@ -17,18 +45,21 @@ def no_credentials(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc from `wandb login`
 
 
+@needs["wandb"]
 def test_offline_without_credentials_online_with_a_key(tmp_path, no_credentials, monkeypatch):
     assert WandbLogger(project="p", save_dir=str(tmp_path))._offline is True
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     assert WandbLogger(project="p", save_dir=str(tmp_path))._offline is False
 
 
+@needs["wandb"]
 def test_jobs_of_a_sweep_share_a_group(tmp_path, no_credentials, monkeypatch):
     monkeypatch.setenv("LITFORGE_SWEEP", "2026-11-22_10-00-00")
     logger = WandbLogger(project="p", save_dir=str(tmp_path))
     assert logger._wandb_init["group"] == "2026-11-22_10-00-00"
 
 
+@needs["wandb"]
 @pytest.mark.slow
 def test_run_logs_offline_with_the_network_blocked(tmp_path, idx_data_dir):
     run_dir = tmp_path / "run"

@@ -76,7 +76,7 @@ def test_search_runs_trials_and_resumes_the_same_study(tmp_path, idx_data_dir):
 
     with (sweep_dir / "summary.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert sorted(row["job"] for row in rows) == ["0", "1", "2"]  # all trials, not just the last run
+    assert sorted(row["job"] for row in rows) == ["0", "1", "2"]  # all, not just the last run
     assert [float(row["val/acc_best"]) for row in rows] == pytest.approx(
         sorted((t.value for t in study.trials), reverse=True), abs=1e-4
     )

@@ -42,6 +42,49 @@ class RichProgressBar(_LightningRichProgressBar):
             super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
 
 
+class EpochHistory(L.Callback):
+    """Train and validation loss and accuracy of every epoch, for plots/curves.png, whatever
+    the loggers (none included). Saved in checkpoints, so a resumed run draws all its epochs.
+
+    An epoch's training statistics are logged by the module's `on_train_epoch_end`, which
+    Lightning calls after this callback's: the epoch is recorded at the next chance instead
+    (the next epoch's start, the end of training, or a checkpoint being written).
+    """
+
+    NAMES = ("train/loss", "train/acc", "val/loss", "val/acc")
+
+    def __init__(self) -> None:
+        self.epochs: dict[int, dict[str, float]] = {}
+        self._ended: int | None = None  # an epoch whose statistics are yet to be read
+        self._trainer: L.Trainer | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._trainer = trainer
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._ended = trainer.current_epoch
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._record()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._record()
+
+    def _record(self) -> None:
+        if self._ended is None or self._trainer is None:
+            return
+        metrics = self._trainer.callback_metrics
+        self.epochs[self._ended] = {n: float(metrics[n]) for n in self.NAMES if n in metrics}
+        self._ended = None
+
+    def state_dict(self) -> dict[str, Any]:
+        self._record()  # checkpoints are written after the module's epoch-end hook
+        return {"epochs": self.epochs}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.epochs = dict(state_dict["epochs"])
+
+
 # Set by the Optuna sweeper (hydra_plugins.litforge.optuna_sweeper) for each job when the
 # search has a pruner: JSON with trial_id, study_name, storage and pruner (a `_target_` config).
 OPTUNA_TRIAL_ENV = "LITFORGE_OPTUNA_TRIAL"

@@ -18,11 +18,11 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.loggers import Logger, TensorBoardLogger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 from litforge import plots
-from litforge.callbacks import OPTUNA_TRIAL_ENV, OptunaPruning
+from litforge.callbacks import OPTUNA_TRIAL_ENV, EpochHistory, OptunaPruning
 from litforge.data.base import InMemoryImageDataModule
 from litforge.errors import UserError
 from litforge.models.classifier import ClassificationModule
@@ -43,13 +43,18 @@ def build_datamodule(cfg: DictConfig) -> InMemoryImageDataModule:
 
 def build_model(cfg: DictConfig, datamodule: InMemoryImageDataModule) -> ClassificationModule:
     # The datamodule knows the input shape and classes; the model config need not repeat them.
-    return instantiate(
+    model = instantiate(
         cfg.model,
         input_shape=datamodule.input_shape,
         num_classes=datamodule.num_classes,
         class_names=datamodule.class_names,
         _recursive_=False,  # net/optimizer/scheduler stay configs; the module builds them
     )
+    if any(entry and entry.get("log_graph") for entry in (cfg.get("logger") or {}).values()):
+        # What TensorBoard traces the graph with. Only then: Lightning's model summary would
+        # also run it through the model, which sharded models cannot do on one rank.
+        model.example_input_array = torch.zeros(2, *datamodule.input_shape)
+    return model
 
 
 def _instantiate_all(group: DictConfig | None) -> list[Any]:
@@ -67,6 +72,7 @@ def build_trainer(cfg: DictConfig) -> L.Trainer:
         log.info("logger=none: the learning-rate monitor has nowhere to log, leaving it out.")
         callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
     strategy = instantiate(cfg.strategy) if "_target_" in cfg.strategy else cfg.strategy.name
+    callbacks.append(EpochHistory())  # for plots/curves.png
     if loggers:
         callbacks.append(LogRunConfig(OmegaConf.to_container(cfg, resolve=True)))
     if os.environ.get(OPTUNA_TRIAL_ENV) and cfg.get("optimized_metric"):
@@ -139,8 +145,8 @@ def finish(
 
 
 def write_plots(trainer: L.Trainer, model: ClassificationModule, plot_dir: Path) -> None:
-    """plots/confusion_matrix.png (after a test) and plots/curves.png (from the CSV logger's
-    metrics), also sent to TensorBoard and Weights & Biases when they are logging."""
+    """plots/confusion_matrix.png (after a test) and plots/curves.png (after training), also
+    sent to TensorBoard and Weights & Biases when they are logging."""
     import matplotlib.pyplot as plt
 
     figures = {}
@@ -148,12 +154,10 @@ def write_plots(trainer: L.Trainer, model: ClassificationModule, plot_dir: Path)
         names = model.hparams.class_names or [str(i) for i in range(model.hparams.num_classes)]
         path = plot_dir / "confusion_matrix.png"
         figures[path] = plots.confusion_matrix(model.test_confusion_matrix, names, path)
-    csv_logger = next((lg for lg in trainer.loggers if isinstance(lg, CSVLogger)), None)
-    if csv_logger is not None and (Path(csv_logger.log_dir) / "metrics.csv").is_file():
+    history = next((cb for cb in trainer.callbacks if isinstance(cb, EpochHistory)), None)
+    if history is not None and history.epochs:  # an evaluation has none
         path = plot_dir / "curves.png"
-        figure = plots.curves(Path(csv_logger.log_dir) / "metrics.csv", path)
-        if figure is not None:
-            figures[path] = figure
+        figures[path] = plots.curves(history.epochs, path)
     for path, figure in figures.items():
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):

@@ -6,7 +6,6 @@ time and needs no display, and only the end of a run draws.
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,24 +51,16 @@ def confusion_matrix(matrix: torch.Tensor, class_names: Sequence[str], path: Pat
     return _save(fig, path)
 
 
-def curves(metrics_csv: Path, path: Path):
-    """Train and validation loss and accuracy per epoch, from the CSV logger's metrics.csv;
-    None when it has no epochs (an evaluation run)."""
+def curves(epochs: dict[int, dict[str, float]], path: Path):
+    """Train and validation loss and accuracy per epoch (`{epoch: {"val/acc": ..., ...}}`)."""
     plt = _pyplot()
-    series: dict[str, dict[int, float]] = {}
-    with metrics_csv.open() as f:
-        for row in csv.DictReader(f):
-            for name in ("train/loss", "val/loss", "train/acc", "val/acc"):
-                if row.get(name) and row.get("epoch"):
-                    series.setdefault(name, {})[int(row["epoch"])] = float(row[name])
-    if not series:  # an evaluation run: no epochs to draw
-        return None
     from matplotlib.ticker import MaxNLocator
 
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
     for ax, kind in ((loss_ax, "loss"), (acc_ax, "acc")):
         for split in ("train", "val"):
-            points = sorted(series.get(f"{split}/{kind}", {}).items())
+            name = f"{split}/{kind}"
+            points = sorted((e, m[name]) for e, m in epochs.items() if name in m)
             if points:
                 ax.plot([e + 1 for e, _ in points], [v for _, v in points], marker="o", label=split)
         ax.set_xlabel("epoch")

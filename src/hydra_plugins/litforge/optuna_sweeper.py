@@ -207,7 +207,12 @@ class OptunaSweeper(Sweeper):
 
     @errors.exit_on_user_error  # a UserError here is one line too, as in train.py
     def sweep(self, arguments: list[str]) -> None:
-        import optuna
+        try:
+            import optuna
+        except ModuleNotFoundError as err:
+            raise UserError(
+                "hydra/sweeper=optuna needs Optuna: pip install -e '.[optuna]'"
+            ) from err
 
         assert self.config is not None and self.launcher is not None
         if not OmegaConf.select(self.config, "optimized_metric"):
@@ -276,8 +281,9 @@ class OptunaSweeper(Sweeper):
             study.tell(trial, state=TrialState.PRUNED)
         elif value is None or not math.isfinite(float(value)):
             if value is not None:
-                trial.set_user_attr("error", f"{OmegaConf.select(self.config, 'optimized_metric')}"
-                                    f" is {value}")
+                trial.set_user_attr(
+                    "error", f"{OmegaConf.select(self.config, 'optimized_metric')} is {value}"
+                )
             study.tell(trial, state=TrialState.FAIL)
         else:
             study.tell(trial, float(value))
