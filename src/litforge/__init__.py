@@ -22,7 +22,16 @@ def run_id() -> str:
     return datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
 
 
+def run_dir(runs_root: str, ckpt_path: str | None, overrides=None) -> str:
+    """`${run_dir:<runs root>,${ckpt_path},${hydra.overrides.task}}`: a new `<run id>` folder,
+    or the run that `ckpt_path` resumes (litforge.checkpointing.run_dir)."""
+    from litforge.checkpointing import run_dir as resolve
+
+    return resolve(runs_root, ckpt_path, overrides, run_id())
+
+
 # `${cwd:}`: the directory the run started in. Hydra's `${hydra:runtime.cwd}` can't be used for
 # `hydra.sweep.dir`, which `-m` resolves before Hydra's own config exists.
 OmegaConf.register_new_resolver("cwd", os.getcwd, replace=True)
 OmegaConf.register_new_resolver("run_id", run_id, replace=True)
+OmegaConf.register_new_resolver("run_dir", run_dir, replace=True)

@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import json
+import logging
+import random
+from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.callbacks import RichProgressBar as _LightningRichProgressBar
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from litforge.errors import UserError
+
+log = logging.getLogger(__name__)
 
 
 class RichProgressBar(_LightningRichProgressBar):
@@ -124,3 +134,85 @@ class OptunaPruning(L.Callback):
                 print(f"Optuna pruned trial {self.trial.number} after epoch {epoch}.", flush=True)
         # Every process stops together, as rank 0 decided.
         trainer.should_stop = trainer.should_stop or trainer.strategy.broadcast(prune)
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """`checkpoints/last.ckpt` after every training epoch, and mid-epoch when the job is told to
+    stop (SIGTERM: preemption, `scancel`, a scheduler's time limit), before exiting.
+
+    The best checkpoint (`model_checkpoint`) is another callback: Lightning's `save_last` only
+    refreshes last.ckpt when a new best is saved, so a resumed run could go back many epochs.
+    """
+
+    def __init__(self, dirpath: str) -> None:
+        super().__init__(
+            dirpath=dirpath,
+            filename="last",
+            monitor=None,
+            save_top_k=1,
+            save_on_train_epoch_end=True,  # after validation and the epoch's statistics
+            enable_version_counter=False,  # overwrite last.ckpt, never last-v1.ckpt
+        )
+
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        super()._save_checkpoint(trainer, filepath)
+        if trainer.is_global_zero:
+            log.info(
+                f"Saved {filepath} (epoch {trainer.current_epoch}, step {trainer.global_step})"
+            )
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        if isinstance(exception, SIGTERMException):  # stopped between two batches: save them
+            self._save_checkpoint(trainer, str(Path(self.dirpath) / "last.ckpt"))
+
+
+class ResumeState(L.Callback):
+    """Put the random number generators into checkpoints and back, so that a resumed run draws
+    the same dropout masks and augmentations as the run it continues (Lightning saves model,
+    optimizer, scheduler, loops and data position, not the RNGs)."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, Any] | None = None
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        states = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            states["cuda"] = torch.cuda.get_rng_state_all()
+        checkpoint["rng_states"] = states
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        self._states = checkpoint.get("rng_states")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Here rather than when loading: after the sanity check, right before the first batch,
+        # where the interrupted run also was.
+        if self._states is None:
+            return
+        torch.set_rng_state(self._states["torch"])
+        random.setstate(self._states["python"])
+        if "cuda" in self._states and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(self._states["cuda"])
+        self._states = None
+
+
+class StopOnNonFiniteLoss(L.Callback):
+    """Stop training at the first step whose loss is NaN or infinite, saying where; the
+    checkpoints of earlier epochs stay as they were (nothing is saved from broken weights)."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if loss is None:
+            return
+        bad = not bool(torch.isfinite(loss.detach()))
+        if trainer.world_size > 1:  # every process stops together, whichever saw it
+            bad = trainer.strategy.reduce_boolean_decision(bad, all=False)
+        if bad:
+            checkpoints = Path(trainer.default_root_dir) / "checkpoints"
+            raise UserError(
+                f"the training loss became {float(loss)} at epoch {trainer.current_epoch}, "
+                f"step {trainer.global_step} (batch {batch_idx}); training stopped. The "
+                f"checkpoints of earlier epochs are in {checkpoints}. Lower "
+                f"model.optimizer.lr, or check the data for NaNs."
+            )

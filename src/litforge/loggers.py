@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import csv
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.loggers import CSVLogger as _LightningCSVLogger
 from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
 
 log = logging.getLogger(__name__)
@@ -29,11 +32,18 @@ class WandbLogger(_LightningWandbLogger):
     `WANDB_MODE=offline`) it logs offline, says so once, and names the `wandb sync` command that
     uploads the run later. Jobs of one sweep share a group (the sweep's folder name)."""
 
-    def __init__(self, offline: bool | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, offline: bool | None = None, resume_from: str | None = None, **kwargs: Any
+    ) -> None:
         if offline is None:
             offline = os.environ.get("WANDB_MODE") == "offline" or not wandb_has_credentials()
         if not kwargs.get("group"):
             kwargs["group"] = os.environ.get("LITFORGE_SWEEP") or None
+        if resume_from and not kwargs.get("id"):
+            # A resumed training run (ckpt_path=...) goes on in the wandb run of its folder.
+            run_id = previous_wandb_run(Path(kwargs.get("save_dir") or ".") / "wandb")
+            if run_id:
+                kwargs |= {"id": run_id, "resume": "allow"}
         super().__init__(offline=offline, **kwargs)
         if offline:
             save_dir = kwargs.get("save_dir") or "."
@@ -43,3 +53,36 @@ class WandbLogger(_LightningWandbLogger):
                 save_dir,
                 save_dir,
             )
+
+
+def previous_wandb_run(wandb_dir: Path) -> str | None:
+    """The id of the newest wandb run in `wandb_dir` (folders `[offline-]run-<time>-<id>`)."""
+    runs = sorted(wandb_dir.glob("*run-*-*"), key=lambda p: p.name.split("run-", 1)[1])
+    return runs[-1].name.rsplit("-", 1)[1] if runs else None
+
+
+class CSVLogger(_LightningCSVLogger):
+    """Lightning's CSV logger; a resumed run (`resume_from`: its ckpt_path) appends to the
+    metrics.csv of its folder, which Lightning's would delete."""
+
+    def __init__(self, *args: Any, resume_from: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._resume_from = resume_from
+
+    @property
+    def experiment(self):
+        if self._experiment is not None:
+            return self._experiment
+        metrics_file = Path(self.log_dir) / "metrics.csv"
+        kept = None
+        if self._resume_from and metrics_file.is_file():
+            with metrics_file.open(newline="") as f:
+                kept = list(csv.DictReader(f))
+        experiment = super().experiment  # deletes metrics.csv
+        if kept:
+            experiment.metrics_keys = sorted(set().union(*kept))
+            with metrics_file.open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=experiment.metrics_keys)
+                writer.writeheader()
+                writer.writerows(kept)
+        return experiment

@@ -11,18 +11,28 @@ import json
 import logging
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor
 from lightning.pytorch.loggers import Logger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from litforge import plots
-from litforge.callbacks import OPTUNA_TRIAL_ENV, EpochHistory, OptunaPruning
+from litforge.callbacks import (
+    OPTUNA_TRIAL_ENV,
+    EpochHistory,
+    LastCheckpoint,
+    OptunaPruning,
+    ResumeState,
+)
+from litforge.checkpointing import AtomicCheckpointIO, read_checkpoint, resume_path
 from litforge.data.base import InMemoryImageDataModule
 from litforge.errors import UserError
 from litforge.models.classifier import ClassificationModule
@@ -77,7 +87,16 @@ def build_trainer(cfg: DictConfig) -> L.Trainer:
         callbacks.append(LogRunConfig(OmegaConf.to_container(cfg, resolve=True)))
     if os.environ.get(OPTUNA_TRIAL_ENV) and cfg.get("optimized_metric"):
         callbacks.append(OptunaPruning(os.environ[OPTUNA_TRIAL_ENV], cfg.optimized_metric))
-    return instantiate(cfg.trainer, strategy=strategy, callbacks=callbacks, logger=loggers or False)
+    callbacks.append(ResumeState())  # RNG states in checkpoints
+    trainer = instantiate(
+        cfg.trainer, strategy=strategy, callbacks=callbacks, logger=loggers or False
+    )
+    try:
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+    except NotImplementedError:  # sharded strategies write with torch.distributed.checkpoint
+        pass
+    return trainer
 
 
 class LogRunConfig(Callback):
@@ -124,10 +143,70 @@ def _float_metrics(trainer: L.Trainer) -> dict[str, float]:
 def fit(trainer: L.Trainer, model: L.LightningModule, datamodule, ckpt_path=None) -> None:
     """`trainer.fit`, after moving the ~400k long-lived objects that imports, configs and data
     leave behind out of the garbage collector's sight: each full collection during training would
-    scan them all (~0.1 s here) and find nothing to free."""
+    scan them all (~0.1 s here) and find nothing to free.
+
+    A SIGTERM (preemption, `scancel`, a time limit) stops training after the current batch;
+    `callbacks.LastCheckpoint` saves it, and the process exits with status 143 (128 + SIGTERM).
+    """
     gc.collect()
     gc.freeze()
-    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    try:
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    except SIGTERMException:
+        if trainer.is_global_zero:
+            saved = [cb for cb in trainer.callbacks if isinstance(cb, LastCheckpoint)]
+            where = f"saved to {Path(saved[0].dirpath) / 'last.ckpt'}" if saved else "not saved"
+            log.warning(
+                f"Stopped by SIGTERM at epoch {trainer.current_epoch}, step "
+                f"{trainer.global_step}; checkpoint {where}. To resume, run the same command "
+                f"with ckpt_path=last."
+            )
+        sys.exit(143)
+
+
+def resume_checkpoint(
+    cfg: DictConfig, model: ClassificationModule, datamodule: InMemoryImageDataModule
+) -> str | None:
+    """The checkpoint `ckpt_path` names (`last`: the newest of this run that loads), checked to
+    fit this model and dataset before anything starts."""
+    ckpt_path = cfg.get("ckpt_path")
+    if not ckpt_path:
+        return None
+    if ckpt_path == "last":
+        ckpt_path = str(resume_path(Path(cfg.paths.output_dir) / "checkpoints"))
+    checkpoint = read_checkpoint(ckpt_path)
+    check_same_dataset(checkpoint, datamodule, ckpt_path)
+    check_same_shapes(checkpoint["state_dict"], model.state_dict(), ckpt_path)
+    return ckpt_path
+
+
+def check_same_dataset(
+    checkpoint: dict[str, Any], datamodule: InMemoryImageDataModule, ckpt_path: str
+) -> None:
+    trained_on = checkpoint.get("datamodule_hyper_parameters", {}).get("name")
+    if trained_on and trained_on != datamodule.source.name:
+        raise UserError(
+            f"{ckpt_path} was trained on '{trained_on}', the config selects "
+            f"'{datamodule.source.name}'. Add data={trained_on}."
+        )
+
+
+def check_same_shapes(saved: dict[str, Any], current: dict[str, Any], ckpt_path: str) -> None:
+    """One line naming the weights that differ between a checkpoint and the configured model."""
+    differences = [f"missing {k}" for k in current if k not in saved]
+    differences += [f"unexpected {k}" for k in saved if k not in current]
+    differences += [
+        f"{k}: checkpoint {list(saved[k].shape)}, model {list(v.shape)}"
+        for k, v in current.items()
+        if k in saved and hasattr(v, "shape") and tuple(saved[k].shape) != tuple(v.shape)
+    ]
+    if differences:
+        shown = "; ".join(differences[:4]) + (" ..." if len(differences) > 4 else "")
+        raise UserError(
+            f"{ckpt_path} holds another architecture than the configured model "
+            f"({len(differences)} difference(s): {shown}). Use the model config it was trained "
+            f"with (its run dir's .hydra/config.yaml)."
+        )
 
 
 def finish(
@@ -178,12 +257,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     metrics: dict[str, float] = {}
     if cfg.get("train"):
-        fit(trainer, model, datamodule, ckpt_path=cfg.get("ckpt_path"))
+        fit(trainer, model, datamodule, ckpt_path=resume_checkpoint(cfg, model, datamodule))
         metrics.update(_float_metrics(trainer))
 
     if cfg.get("test"):
-        checkpoint = trainer.checkpoint_callback
-        best = checkpoint.best_model_path if isinstance(checkpoint, ModelCheckpoint) else ""
+        # The best checkpoint: the one callback that watches a metric.
+        monitors = [cb for cb in trainer.checkpoint_callbacks if getattr(cb, "monitor", None)]
+        best = monitors[0].best_model_path if monitors else ""
         if cfg.get("train") and not best:
             log.warning("No checkpoint was saved (e.g. fast_dev_run): testing the final weights.")
         trainer.test(model, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
@@ -192,32 +272,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
     return finish(cfg, trainer, model, metrics)
 
 
-def load_checkpoint(ckpt_path: str | None) -> dict[str, Any]:
-    """Read a checkpoint the safe way (`weights_only=True`: no code runs while loading)."""
-    if not ckpt_path:
-        raise UserError("no checkpoint given: add ckpt_path=<file>, e.g. .../checkpoints/last.ckpt")
-    path = Path(ckpt_path).expanduser()
-    if path.is_dir():  # strategy=model_parallel with save_distributed_checkpoint=true
-        raise UserError(
-            f"ckpt_path={ckpt_path} is a folder of shards. Make one file of it with "
-            f"`python -m lightning.fabric.utilities.consolidate_checkpoint {path}`, then use "
-            f"ckpt_path={path}.consolidated"
-        )
-    if not path.is_file():
-        raise UserError(f"ckpt_path={ckpt_path}: no such file.")
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
 def model_from_checkpoint(
     checkpoint: dict[str, Any], datamodule: InMemoryImageDataModule, ckpt_path: str
 ) -> ClassificationModule:
     """Rebuild the trained model from the checkpoint's own hyperparameters and weights."""
-    trained_on = checkpoint.get("datamodule_hyper_parameters", {}).get("name")
-    if trained_on and trained_on != datamodule.source.name:
-        raise UserError(
-            f"{ckpt_path} was trained on '{trained_on}', the config selects "
-            f"'{datamodule.source.name}'. Add data={trained_on}."
-        )
+    check_same_dataset(checkpoint, datamodule, ckpt_path)
     model = ClassificationModule(**checkpoint["hyper_parameters"])
     model.load_state_dict(checkpoint["state_dict"])
     return model
@@ -228,7 +287,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if cfg.extras.get("print_config"):
         print_config(cfg, save_to=Path(cfg.paths.output_dir) / "config_tree.log")
     seed(cfg)
-    checkpoint = load_checkpoint(cfg.get("ckpt_path"))
+    if not cfg.get("ckpt_path"):
+        raise UserError("no checkpoint given: add ckpt_path=<file>, e.g. .../checkpoints/last.ckpt")
+    checkpoint = read_checkpoint(cfg.ckpt_path)
     datamodule = build_datamodule(cfg)
     model = model_from_checkpoint(checkpoint, datamodule, cfg.ckpt_path)
     trainer = build_trainer(cfg)

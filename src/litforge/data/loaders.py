@@ -85,21 +85,31 @@ class BatchAugment:
     def active(self) -> bool:
         return self.crop_padding > 0 or self.horizontal_flip
 
+    def draw(self, n: int, device: torch.device, generator: torch.Generator):
+        """The random numbers for a batch of `n`: crop offsets and flips (None where off)."""
+        offsets = flips = None
+        if self.crop_padding > 0:
+            size = 2 * self.crop_padding + 1
+            offsets = torch.randint(0, size, (2, n, 1), generator=generator, device=device)
+        if self.horizontal_flip:
+            flips = torch.rand(n, generator=generator, device=device) < 0.5
+        return offsets, flips
+
     def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         n, c, h, w = x.shape
-        if self.crop_padding > 0:
+        offsets, flips = self.draw(n, x.device, generator)
+        if offsets is not None:
             p = self.crop_padding
             padded = self.black.to(x.device, x.dtype).expand(n, c, h + 2 * p, w + 2 * p).clone()
             padded[:, :, p : p + h, p : p + w] = x
-            dy, dx = torch.randint(0, 2 * p + 1, (2, n, 1), generator=generator, device=x.device)
+            dy, dx = offsets
             rows = (dy + torch.arange(h, device=x.device))[:, None, :, None]  # n×1×h×1
             cols = (dx + torch.arange(w, device=x.device))[:, None, None, :]  # n×1×1×w
             batch = torch.arange(n, device=x.device)[:, None, None, None]
             channel = torch.arange(c, device=x.device)[None, :, None, None]
             x = padded[batch, channel, rows, cols]
-        if self.horizontal_flip:
-            flip = torch.rand(n, generator=generator, device=x.device) < 0.5
-            x = torch.where(flip[:, None, None, None], x.flip(3), x)
+        if flips is not None:
+            x = torch.where(flips[:, None, None, None], x.flip(3), x)
         return x
 
 
@@ -130,6 +140,19 @@ class TensorBatchLoader:
         self.augment = augment if augment is not None and augment.active else None
         self.mean = torch.tensor(mean, device=images.device).view(1, -1, 1, 1)
         self.std = torch.tensor(std, device=images.device).view(1, -1, 1, 1)
+        self._handed_out = 0  # batches of the current epoch
+        self._resume: dict[str, int] | None = None
+
+    # Lightning saves and restores these with checkpoints: a run stopped mid-epoch (SIGTERM)
+    # goes on with the next batch of the same epoch instead of starting the epoch over.
+    def state_dict(self) -> dict[str, int]:
+        # Lightning's training loop fetches one batch ahead: when it saves, the batches trained
+        # on are one fewer than those handed out, unless the epoch is over.
+        done = self._handed_out if self._handed_out >= len(self) else self._handed_out - 1
+        return {"epoch": self.sampler.epoch, "batches": max(done, 0)}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        self._resume = dict(state_dict)
 
     def __len__(self) -> int:
         n = len(self.sampler)
@@ -142,7 +165,16 @@ class TensorBatchLoader:
         if self.augment is not None:
             generator = torch.Generator(device=device)
             generator.manual_seed(hash((self.sampler.seed, self.sampler.epoch, self.sampler.rank)))
-        for start in range(0, len(self) * self.batch_size, self.batch_size):
+        skip = 0
+        if self._resume is not None and self._resume["epoch"] == self.sampler.epoch:
+            skip = self._resume["batches"]
+        self._resume = None
+        self._handed_out = skip
+        for start in range(0, skip * self.batch_size, self.batch_size):  # the same draws
+            if generator is not None:
+                self.augment.draw(len(indices[start : start + self.batch_size]), device, generator)
+        for start in range(skip * self.batch_size, len(self) * self.batch_size, self.batch_size):
+            self._handed_out += 1
             batch = indices[start : start + self.batch_size]
             x = self.images[batch]
             if x.dtype == torch.uint8:

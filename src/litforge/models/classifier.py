@@ -155,12 +155,10 @@ class ClassificationModule(L.LightningModule):
         logits = self._evaluate(batch, self.test_metrics, self.test_loss)
         self.test_confusion.update(logits, batch[1])
 
-    def on_train_start(self) -> None:
-        # The sanity check ran validation on untrained weights: don't let it count as a best.
-        self.val_acc_best.reset()
-
     def on_validation_epoch_end(self) -> None:
         values = self._log_evaluation(self.val_metrics, self.val_loss, "val")
+        # The sanity check runs on untrained weights: not a best. (No reset at train start
+        # either: a resumed run keeps the best of the run it continues.)
         if not self.trainer.sanity_checking:
             self.val_acc_best.update(values["val/acc"])
             self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True)

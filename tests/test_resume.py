@@ -1,0 +1,142 @@
+"""Resuming (`ckpt_path=last`): a run killed (SIGKILL) or stopped (SIGTERM) and resumed ends
+with the same weights and metrics as one that was never interrupted."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import ROOT, run_script, tiny_run_args
+
+from litforge.checkpointing import AtomicCheckpointIO, resume_path, run_dir
+from litforge.errors import UserError
+
+# Dropout and random crops/flips: the resumed run must also restore the random generators.
+RESUMABLE = [
+    "trainer.max_epochs=3",
+    "trainer.deterministic=true",
+    "data.batch_size=10",
+    "data.crop_padding=2",
+    "data.horizontal_flip=true",
+    "model.net.dropout=0.3",
+]
+
+
+def start(data_dir, run, *extra) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "train.py", *tiny_run_args(data_dir, run, *RESUMABLE, *extra)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def stop_after_first_checkpoint(process: subprocess.Popen, sig: signal.Signals) -> str:
+    """Read the run's output until it reports its first last.ckpt, then send `sig`."""
+    output = []
+    for line in process.stdout:
+        output.append(line)
+        if "last.ckpt (epoch 0," in line:
+            process.send_signal(sig)
+            break
+    rest, _ = process.communicate(timeout=120)
+    return "".join(output) + rest
+
+
+def csv_rows(run) -> list[dict[str, str]]:
+    with (run / "csv" / "metrics.csv").open() as f:
+        return [{k: v for k, v in row.items() if v} for row in csv.DictReader(f)]
+
+
+def final_state(run):
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    metrics = json.loads((run / "metrics.json").read_text())
+    return checkpoint["global_step"], checkpoint["state_dict"], metrics
+
+
+def assert_same_run(resumed, uninterrupted):
+    step, weights, metrics = final_state(resumed)
+    step_ref, weights_ref, metrics_ref = final_state(uninterrupted)
+    assert step == step_ref
+    for name, value in weights_ref.items():
+        torch.testing.assert_close(weights[name], value, rtol=0, atol=1e-6, msg=name)
+    assert metrics == pytest.approx(metrics_ref, abs=1e-6)
+
+
+@pytest.fixture
+def uninterrupted(tmp_path, idx_data_dir):
+    run = tmp_path / "uninterrupted"
+    result = run_script("train.py", *tiny_run_args(idx_data_dir, run, *RESUMABLE))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_the_same_result(tmp_path, idx_data_dir, uninterrupted):
+    run = tmp_path / "killed"
+    output = stop_after_first_checkpoint(start(idx_data_dir, run), signal.SIGKILL)
+    assert not (run / "metrics.json").exists(), "killed before the end:\n" + output[-2000:]
+    logged_before = csv_rows(run)
+
+    result = run_script("train.py", *tiny_run_args(idx_data_dir, run, *RESUMABLE, "ckpt_path=last"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"Resuming from {run / 'checkpoints'}" in result.stdout + result.stderr
+    assert_same_run(run, uninterrupted)
+    # the CSV log keeps what the killed run wrote and goes on below it
+    logged = csv_rows(run)
+    assert logged[: len(logged_before)] == logged_before
+    assert {"1", "2"} <= {row.get("epoch") for row in logged[len(logged_before) :]}
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, idx_data_dir, uninterrupted):
+    run = tmp_path / "stopped"
+    process = start(idx_data_dir, run)
+    output = stop_after_first_checkpoint(process, signal.SIGTERM)
+    assert process.returncode == 143, output[-3000:]
+    assert "Stopped by SIGTERM at epoch" in output and "Traceback" not in output
+    stopped_at = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    assert stopped_at > 0
+
+    result = run_script("train.py", *tiny_run_args(idx_data_dir, run, *RESUMABLE, "ckpt_path=last"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same_run(run, uninterrupted)
+
+
+def test_a_broken_newest_checkpoint_is_skipped_and_named(tmp_path, caplog):
+    checkpoints = tmp_path / "checkpoints"
+    AtomicCheckpointIO().save_checkpoint(
+        {"state_dict": {}, "epoch": 1, "global_step": 8}, checkpoints / "epoch_001.ckpt"
+    )
+    (checkpoints / "last.ckpt").write_bytes(b"PK\x03\x04 cut off by a crash")  # newer
+    assert resume_path(checkpoints) == checkpoints / "epoch_001.ckpt"
+    assert "Skipping" in caplog.text and "last.ckpt" in caplog.text
+    assert [p.name for p in checkpoints.iterdir() if "partial" in p.name] == []
+
+
+def test_no_checkpoint_to_resume_is_one_clear_error(tmp_path):
+    with pytest.raises(UserError, match="ckpt_path=last: no checkpoint to resume in"):
+        resume_path(tmp_path / "checkpoints")
+
+
+def test_ckpt_path_last_finds_the_newest_run_of_the_same_command(tmp_path):
+    runs = tmp_path / "runs"
+    for name, overrides in [("a", ["model=cnn"]), ("b", ["model=mlp"]), ("c", ["model=cnn"])]:
+        (runs / name / "checkpoints").mkdir(parents=True)
+        (runs / name / ".hydra").mkdir()
+        (runs / name / ".hydra" / "overrides.yaml").write_text(f"- {overrides[0]}\n")
+    (runs / "a" / "checkpoints" / "last.ckpt").write_bytes(b"x")  # c has none yet
+    (runs / "b" / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    assert run_dir(str(runs), "last", ["model=cnn", "ckpt_path=last"], "new") == str(runs / "a")
+    assert run_dir(str(runs), "last", ["model=mlp"], "new") == str(runs / "b")
+    assert run_dir(str(runs), "last", ["model=mlp", "seed=1"], "new") == str(runs / "new")
+    # a checkpoint file of a run continues in that run; from elsewhere, in a new one
+    ckpt = runs / "b" / "checkpoints" / "last.ckpt"
+    assert run_dir(str(runs), str(ckpt), [], "new") == str(runs / "b")
+    assert run_dir(str(runs), str(tmp_path / "x.ckpt"), [], "new") == str(runs / "new")
