@@ -70,7 +70,13 @@ def test_wandb_logger_config_builds(tmp_path, monkeypatch):
 
 def test_callbacks_default_and_opt_in(tmp_path):
     default = compose_config("train", tmp_path)
-    assert set(default.callbacks) == {"model_checkpoint", "lr_monitor", "rich_progress_bar"}
+    assert set(default.callbacks) == {
+        "model_checkpoint",
+        "last_checkpoint",
+        "stop_on_nonfinite_loss",
+        "lr_monitor",
+        "rich_progress_bar",
+    }
     with_es = compose_config("train", tmp_path, ["callbacks=[default,early_stopping]"])
     assert "early_stopping" in with_es.callbacks
     trainer = build_trainer(compose_config("train", tmp_path, ["callbacks.lr_monitor=null"]))

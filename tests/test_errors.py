@@ -1,7 +1,13 @@
 """Bad input ends a run with one clear message and a non-zero exit, not a traceback."""
 
+import re
+
 import pytest
-from helpers import offline_env, run_script
+import torch
+from helpers import compose_config, offline_env, run_script
+
+from litforge.errors import UserError
+from litforge.pipeline import evaluate, train
 
 
 @pytest.mark.slow
@@ -52,3 +58,90 @@ def test_unknown_config_option_lists_the_choices(tmp_path):
     result = run_script("train.py", "model=transformer", f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 1
     assert "Could not find 'model/transformer'" in result.stderr and "mlp" in result.stderr
+
+
+# Values checked before any data is read: the data dir below does not exist, so a check that
+# came after reading would report the missing dataset instead.
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.optimizer.lr=0", "model.optimizer.lr=0 is out of range: expected a number greater"),
+        ("model.optimizer.lr=-0.1", "model.optimizer.lr=-0.1 is out of range"),
+        ("model.optimizer.lr=fast", "model.optimizer.lr='fast' is not a number"),
+        ("model.optimizer.weight_decay=-1", "model.optimizer.weight_decay=-1 is out of range"),
+        ("data.batch_size=0", "data.batch_size=0 is out of range: expected an integer at least 1"),
+        ("data.batch_size=64.5", "data.batch_size=64.5 is not a number: expected an integer"),
+        ("data.val_size=-5", "data.val_size=-5 is out of range"),
+        ("data.val_size=60000", "data.val_size=60000 must be at least 0 and below the 60000"),
+        ("trainer.max_epochs=ten", "trainer.max_epochs='ten' is not a number"),
+    ],
+)
+def test_bad_config_values_are_refused_before_reading_data(tmp_path, override, message):
+    cfg = compose_config("train", tmp_path, ["paths.data_dir=/nonexistent", override])
+    with pytest.raises(UserError, match=re.escape(message)):
+        train(cfg)
+
+
+@pytest.mark.slow
+def test_bad_value_from_the_cli_is_one_line(tmp_path):
+    result = run_script("train.py", "model.optimizer.lr=0", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: model.optimizer.lr=0 is out of range: expected a number greater than 0. "
+        "Set model.optimizer.lr=..."
+    )
+
+
+def test_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tmp_path, idx_data_dir):
+    # A learning rate multiplied by 1e30 after the first epoch: the loss blows up in the second.
+    overrides = [
+        "data=mnist",
+        "data.val_size=100",
+        "trainer.max_epochs=3",
+        "~model.scheduler.T_max",
+        "model.scheduler._target_=torch.optim.lr_scheduler.StepLR",
+        "+model.scheduler.step_size=1",
+        "+model.scheduler.gamma=1e30",
+    ]
+    with pytest.raises(UserError, match=r"the training loss became (nan|inf) at epoch 1, step \d+"):
+        train(compose_config("train", tmp_path, overrides))
+    last = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["epoch"] == 0
+    assert all(
+        torch.isfinite(w).all() for w in last["state_dict"].values() if w.is_floating_point()
+    )
+
+
+@pytest.fixture
+def mlp_checkpoint(tmp_path, idx_data_dir):
+    overrides = ["data=mnist", "data.val_size=100", "trainer.max_epochs=1", "logger=none"]
+    train(compose_config("train", tmp_path, overrides))
+    return tmp_path / "run" / "checkpoints" / "last.ckpt"
+
+
+def test_checkpoint_of_another_architecture_names_the_shapes(tmp_path, mlp_checkpoint):
+    overrides = ["data=mnist", "data.val_size=100", f"ckpt_path={mlp_checkpoint}"]
+    cfg = compose_config("train", tmp_path, [*overrides, "model.net.hidden_sizes=[64]"])
+    with pytest.raises(UserError, match=r"holds another architecture") as error:
+        train(cfg)
+    assert "net.layers.1.weight: checkpoint [512, 784], model [64, 784]" in str(error.value)
+    # all differences are counted (the checkpoint's second hidden layer too), the first shown
+    assert int(re.search(r"\((\d+) difference", str(error.value)).group(1)) > 4
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"epoch,loss\n0,1.5\n", "is not a readable checkpoint"),
+        (None, "is a torch file but not a Lightning checkpoint"),
+    ],
+)
+def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path, idx_data_dir, content, message):
+    path = tmp_path / "metrics.ckpt"
+    if content is None:
+        torch.save({"weights": torch.zeros(3)}, path)
+    else:
+        path.write_bytes(content)
+    cfg = compose_config("eval", tmp_path, ["data=mnist", f"ckpt_path={path}"])
+    with pytest.raises(UserError, match=re.escape(f"ckpt_path={path} {message}")):
+        evaluate(cfg)

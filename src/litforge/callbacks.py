@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 from pathlib import Path
 from typing import Any
@@ -210,8 +211,11 @@ class StopOnNonFiniteLoss(L.Callback):
             bad = trainer.strategy.reduce_boolean_decision(bad, all=False)
         if bad:
             checkpoints = Path(trainer.default_root_dir) / "checkpoints"
+            value = float(loss)
+            where = "" if not math.isfinite(value) else " in another process"
             raise UserError(
-                f"the training loss became {float(loss)} at epoch {trainer.current_epoch}, "
+                f"the training loss became {'NaN/inf' if where else value}{where} at epoch "
+                f"{trainer.current_epoch}, "
                 f"step {trainer.global_step} (batch {batch_idx}); training stopped. The "
                 f"checkpoints of earlier epochs are in {checkpoints}. Lower "
                 f"model.optimizer.lr, or check the data for NaNs."

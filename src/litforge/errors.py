@@ -31,7 +31,21 @@ class UserError(Exception):
     """A problem the user can fix (a missing file, a bad value). The message says what and how."""
 
 
-def _user_error_in(err: BaseException | None) -> UserError | None:
+def check_number(
+    key: str, value: object, *, integer: bool = False, minimum: float = 0, above: bool = False
+) -> None:
+    """A config value must be a number (`integer`: a whole one) at least `minimum`
+    (`above`: greater than it). Checked before data is read or processes start."""
+    kinds = (int,) if integer else (int, float)
+    bound = f"{'greater than' if above else 'at least'} {minimum}"
+    expected = f"{'an integer' if integer else 'a number'} {bound}"
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise UserError(f"{key}={value!r} is not a number: expected {expected}. Set {key}=...")
+    if value < minimum or (above and value == minimum):
+        raise UserError(f"{key}={value} is out of range: expected {expected}. Set {key}=...")
+
+
+def user_error_in(err: BaseException | None) -> UserError | None:
     """The UserError behind `err`, also when Hydra's instantiate wrapped it in its own exception."""
     while err is not None:
         if isinstance(err, UserError):
@@ -51,7 +65,7 @@ def exit_on_user_error(task: Callable[..., T]) -> Callable[..., T]:
         try:
             return task(*args, **kwargs)
         except Exception as err:
-            user_error = _user_error_in(err)
+            user_error = user_error_in(err)
             if user_error is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
             log.debug("user error", exc_info=True)  # kept in the run's log file

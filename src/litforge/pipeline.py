@@ -15,9 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import hydra.utils
 import lightning as L
 import torch
-from hydra.utils import instantiate
+from hydra.errors import InstantiationException
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor
 from lightning.pytorch.loggers import Logger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -34,12 +35,23 @@ from litforge.callbacks import (
 )
 from litforge.checkpointing import AtomicCheckpointIO, read_checkpoint, resume_path
 from litforge.data.base import InMemoryImageDataModule
-from litforge.errors import UserError
+from litforge.errors import UserError, check_number, user_error_in
 from litforge.models.classifier import ClassificationModule
 from litforge.strategies import check_strategy
 from litforge.utils import print_config, print_metrics
 
 log = logging.getLogger(__name__)
+
+
+def instantiate(config: Any, **kwargs: Any) -> Any:
+    """Hydra's `instantiate`, letting our `UserError`s through unwrapped (Hydra wraps whatever a
+    constructor raises in its own exception)."""
+    try:
+        return hydra.utils.instantiate(config, **kwargs)
+    except InstantiationException as err:
+        if (user_error := user_error_in(err)) is not None:
+            raise user_error from err
+        raise
 
 
 def seed(cfg: DictConfig) -> None:
@@ -76,6 +88,13 @@ def _instantiate_all(group: DictConfig | None) -> list[Any]:
 
 def build_trainer(cfg: DictConfig) -> L.Trainer:
     check_strategy(cfg)  # before any process is launched
+    check_number("trainer.max_epochs", cfg.trainer.max_epochs, integer=True, minimum=-1)
+    check_number(
+        "trainer.accumulate_grad_batches",
+        cfg.trainer.accumulate_grad_batches,
+        integer=True,
+        minimum=1,
+    )
     callbacks: list[Callback] = _instantiate_all(cfg.get("callbacks"))
     loggers: list[Logger] = _instantiate_all(cfg.get("logger"))
     if not loggers and any(isinstance(cb, LearningRateMonitor) for cb in callbacks):
@@ -193,13 +212,13 @@ def check_same_dataset(
 
 def check_same_shapes(saved: dict[str, Any], current: dict[str, Any], ckpt_path: str) -> None:
     """One line naming the weights that differ between a checkpoint and the configured model."""
-    differences = [f"missing {k}" for k in current if k not in saved]
-    differences += [f"unexpected {k}" for k in saved if k not in current]
-    differences += [
+    differences = [
         f"{k}: checkpoint {list(saved[k].shape)}, model {list(v.shape)}"
         for k, v in current.items()
         if k in saved and hasattr(v, "shape") and tuple(saved[k].shape) != tuple(v.shape)
     ]
+    differences += [f"missing {k}" for k in current if k not in saved]
+    differences += [f"unexpected {k}" for k in saved if k not in current]
     if differences:
         shown = "; ".join(differences[:4]) + (" ..." if len(differences) > 4 else "")
         raise UserError(

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from litforge.data.loaders import BatchAugment, EpochShuffler, TensorBatchLoader
 from litforge.data.sources import DatasetSource, locate
-from litforge.errors import UserError
+from litforge.errors import UserError, check_number
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +55,10 @@ class InMemoryImageDataModule(L.LightningDataModule):
         pin_memory: bool = False,
     ) -> None:
         super().__init__()
-        if batch_size <= 0:
-            raise UserError(f"data.batch_size must be positive, got {batch_size}.")
+        check_number("data.batch_size", batch_size, integer=True, minimum=1)
+        check_number("data.val_size", val_size, integer=True, minimum=0)
+        check_number("data.crop_padding", crop_padding, integer=True, minimum=0)
+        check_number("data.num_workers", num_workers, integer=True, minimum=0)
         if not 0 <= val_size < self.num_train_images:
             raise UserError(
                 f"data.val_size={val_size} must be at least 0 and below the "

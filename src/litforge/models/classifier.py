@@ -17,6 +17,8 @@ from torchmetrics.classification import (
     MulticlassF1Score,
 )
 
+from litforge.errors import check_number
+
 
 def _plain(config: Any) -> Any:
     """A DictConfig as plain dicts and lists: checkpoints must load with weights_only=True."""
@@ -48,6 +50,10 @@ class ClassificationModule(L.LightningModule):
         compile: bool = False,
     ) -> None:
         super().__init__()
+        if "lr" in optimizer:
+            check_number("model.optimizer.lr", optimizer["lr"], above=True)
+        if optimizer.get("weight_decay") is not None:
+            check_number("model.optimizer.weight_decay", optimizer["weight_decay"])
         self.save_hyperparameters(
             {
                 "net": _plain(net),
