@@ -4,6 +4,7 @@ with a timeout and their own port (never DDP inside pytest)."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -247,3 +248,38 @@ def test_every_strategy_config_builds_its_strategy(tmp_path, name):
         assert {torch.nn.Linear, torch.nn.Conv2d} <= set(policy._module_classes)
     if name.startswith("ddp_") and name not in ("ddp_spawn", "ddp_fork"):
         assert strategy._ddp_comm_hook is not None
+
+
+@pytest.mark.slow
+def test_a_dead_rank_stops_the_job_with_its_name(tmp_path, idx_data_dir):
+    args = tiny_run_args(
+        idx_data_dir,
+        tmp_path / "run",
+        "strategy=ddp",
+        "trainer.devices=2",
+        "trainer.max_epochs=100",  # far from done when rank 1 dies
+        "data.batch_size=10",
+    )
+    process = subprocess.Popen(
+        [sys.executable, "train.py", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "MASTER_PORT": str(free_port())},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output = []
+    for line in process.stdout:
+        output.append(line)
+        if "last.ckpt (epoch 0," in line:  # both ranks are training
+            [rank_1] = open(f"/proc/{process.pid}/task/{process.pid}/children").read().split()
+            os.kill(int(rank_1), signal.SIGKILL)
+            break
+    rest, _ = process.communicate(timeout=120)  # bounded: no hang until a timeout
+    text = "".join(output) + rest
+    assert process.returncode == 1, text[-3000:]
+    assert "Traceback" not in text
+    assert text.strip().splitlines()[-1] == (
+        f"error: the process of rank 1 (pid {rank_1}) died (killed by SIGKILL), so the job "
+        f"stopped. Its own output above says why; resume with ckpt_path=last."
+    )

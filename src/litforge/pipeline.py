@@ -181,6 +181,11 @@ def fit(trainer: L.Trainer, model: L.LightningModule, datamodule, ckpt_path=None
                 f"with ckpt_path=last."
             )
         sys.exit(143)
+    except Exception as err:
+        lost = getattr(trainer.strategy, "lost_process", None)  # strategies.ReportsLostProcesses
+        if lost:
+            raise UserError(lost) from err
+        raise
 
 
 def resume_checkpoint(

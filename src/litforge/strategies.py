@@ -4,6 +4,7 @@ strategy that cannot work on this machine into one clear line before anything la
 from __future__ import annotations
 
 import logging
+import signal
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy as _LightningDDPStrategy
@@ -15,7 +16,46 @@ from litforge.errors import UserError
 log = logging.getLogger(__name__)
 
 
-class DDPStrategy(_LightningDDPStrategy):
+class ReportsLostProcesses:
+    """When training fails in a multi-process job, say which process was lost rather than
+    show the communication error it left behind (gloo: "Connection reset by peer").
+
+    `lost_process` is set in `on_exception`, which Lightning calls before it stops the other
+    processes; `pipeline.fit` turns it into one `error:` line. Processes that hang instead of
+    dying are bounded by the strategy's `timeout`.
+    """
+
+    lost_process: str | None = None
+
+    def on_exception(self, exception: BaseException) -> None:
+        super().on_exception(exception)
+        children = getattr(self.launcher, "procs", None) or []  # started by this process
+        for local_rank, process in enumerate(children, start=1):
+            code = process.poll()
+            if code:
+                rank = self.node_rank * self.num_processes + local_rank
+                how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+                self.lost_process = (
+                    f"the process of rank {rank} (pid {process.pid}) died ({how}), so the "
+                    f"job stopped. Its own output above says why; resume with ckpt_path=last."
+                )
+                return
+        if _is_communication_error(exception):
+            self.lost_process = (
+                f"rank {self.global_rank} lost contact with the other processes of the job "
+                f"({str(exception).splitlines()[0][:200]}); one of them stopped or died. "
+                f"Resume with ckpt_path=last."
+            )
+
+
+def _is_communication_error(exception: BaseException) -> bool:
+    text = str(exception)
+    return isinstance(exception, torch.distributed.DistError) or any(
+        marker in text for marker in ("gloo", "NCCL", "Connection reset", "Connection closed")
+    )
+
+
+class DDPStrategy(ReportsLostProcesses, _LightningDDPStrategy):
     """Lightning's DDP, with its communication hook attached on every device.
 
     Lightning registers `ddp_comm_hook` (gradient compression: fp16, bf16, PowerSGD) only when
@@ -34,7 +74,7 @@ class DDPStrategy(_LightningDDPStrategy):
             log.info("DDP gradient communication hook attached: %s", attached)
 
 
-class ModelParallelStrategy(_LightningModelParallelStrategy):
+class ModelParallelStrategy(ReportsLostProcesses, _LightningModelParallelStrategy):
     """Lightning's ModelParallelStrategy where `data_parallel_size="auto"` means what tensor
     parallelism leaves of all processes (Lightning's own "auto" is the number of nodes)."""
 
