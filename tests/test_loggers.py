@@ -60,6 +60,16 @@ def test_jobs_of_a_sweep_share_a_group(tmp_path, no_credentials, monkeypatch):
 
 
 @needs["wandb"]
+def test_resumed_run_goes_on_in_its_wandb_run(tmp_path, no_credentials):
+    (tmp_path / "wandb" / "offline-run-20261122_101500-abc123").mkdir(parents=True)
+    (tmp_path / "wandb" / "run-20261122_111500-def456").mkdir()  # the newer
+    resumed = WandbLogger(project="p", save_dir=str(tmp_path), resume_from="last")
+    assert resumed._wandb_init["id"] == "def456" and resumed._wandb_init["resume"] == "allow"
+    fresh = WandbLogger(project="p", save_dir=str(tmp_path))
+    assert fresh._wandb_init.get("id") is None
+
+
+@needs["wandb"]
 @pytest.mark.slow
 def test_run_logs_offline_with_the_network_blocked(tmp_path, idx_data_dir):
     run_dir = tmp_path / "run"

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -272,7 +273,8 @@ def test_a_dead_rank_stops_the_job_with_its_name(tmp_path, idx_data_dir):
     for line in process.stdout:
         output.append(line)
         if "last.ckpt (epoch 0," in line:  # both ranks are training
-            [rank_1] = open(f"/proc/{process.pid}/task/{process.pid}/children").read().split()
+            children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+            [rank_1] = children.read_text().split()
             os.kill(int(rank_1), signal.SIGKILL)
             break
     rest, _ = process.communicate(timeout=120)  # bounded: no hang until a timeout

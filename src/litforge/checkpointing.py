@@ -78,6 +78,12 @@ def resume_path(checkpoint_dir: Path) -> Path:
         checkpoint_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True
     )
     for path in candidates:
+        if path.is_dir():  # model_parallel's folder of shards, whole once its .metadata exists
+            if (path / ".metadata").is_file():
+                log.info(f"Resuming from {path} (a folder of shards)")
+                return path
+            log.warning(f"Skipping {path}: a folder of shards without .metadata (cut off)")
+            continue
         try:
             checkpoint = read_checkpoint(path)
         except UserError as err:

@@ -198,6 +198,8 @@ def resume_checkpoint(
         return None
     if ckpt_path == "last":
         ckpt_path = str(resume_path(Path(cfg.paths.output_dir) / "checkpoints"))
+    if Path(ckpt_path).is_dir():  # shards (model_parallel): the strategy reads and checks them
+        return ckpt_path
     checkpoint = read_checkpoint(ckpt_path)
     check_same_dataset(checkpoint, datamodule, ckpt_path)
     check_same_shapes(checkpoint["state_dict"], model.state_dict(), ckpt_path)

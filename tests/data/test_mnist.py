@@ -4,6 +4,7 @@ import pytest
 import torch
 from helpers import write_idx_dataset
 
+from litforge.data.idx import IDXFormatError
 from litforge.data.mnist import MNISTDataModule
 
 
@@ -58,3 +59,12 @@ def test_val_size_larger_than_the_files_is_a_clear_error(tmp_path):
     write_idx_dataset(tmp_path / "mnist", n_train=100, n_test=20)
     with pytest.raises(Exception, match=r"data.val_size=100 leaves no training data"):
         make(tmp_path, val_size=100).setup()
+
+
+def test_images_and_labels_of_different_counts_are_refused(tmp_path):
+    write_idx_dataset(tmp_path / "mnist", n_train=100, n_test=20)
+    write_idx_dataset(tmp_path / "other", n_train=90, n_test=20)
+    labels = "train-labels-idx1-ubyte"
+    (tmp_path / "mnist" / labels).write_bytes((tmp_path / "other" / labels).read_bytes())
+    with pytest.raises(IDXFormatError, match=r"has 90 labels for 100 images .* do not belong"):
+        make(tmp_path, val_size=10).setup()

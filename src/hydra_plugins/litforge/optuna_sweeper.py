@@ -175,7 +175,7 @@ class OptunaSweeper(Sweeper):
             )
         return fixed, space
 
-    def _create_study(self, sweep_dir: Path) -> Any:
+    def _create_study(self, sweep_dir: Path) -> tuple[Any, str]:
         import optuna
 
         assert self.config is not None
