@@ -79,10 +79,20 @@ class ModelParallelStrategy(ReportsLostProcesses, _LightningModelParallelStrateg
     parallelism leaves of all processes (Lightning's own "auto" is the number of nodes)."""
 
     def setup_environment(self) -> None:
-        if self._data_parallel_size == "auto" and self._tensor_parallel_size != "auto":
-            world_size = self.num_nodes * self.num_processes
-            self._data_parallel_size = world_size // int(self._tensor_parallel_size)
+        if self._data_parallel_size == "auto":
+            self._data_parallel_size, _ = mesh_sizes(
+                "auto", self._tensor_parallel_size, self.num_processes, self.num_nodes
+            )
         super().setup_environment()
+
+
+def mesh_sizes(dp: int | str, tp: int | str, per_node: int, num_nodes: int) -> tuple[int, int]:
+    """The (data parallel, tensor parallel) sizes of the device mesh. Tensor parallel "auto":
+    all processes of a node (Lightning's rule); data parallel "auto": what tensor parallelism
+    leaves of all processes."""
+    tp_size = per_node if tp == "auto" else int(tp)
+    dp_size = num_nodes * per_node // tp_size if dp == "auto" else int(dp)
+    return dp_size, tp_size
 
 
 def accelerator_is_cpu(accelerator: str) -> bool:
@@ -116,13 +126,9 @@ def check_strategy(cfg: DictConfig) -> None:
                 "Use bf16-mixed (or bf16-true, 32-true)."
             )
         dp, tp = strategy.data_parallel_size, strategy.tensor_parallel_size
-        if isinstance(devices, int):  # as ModelParallelStrategy above resolves "auto"
+        if isinstance(devices, int):
             world = devices * trainer.num_nodes
-            tp_size = devices if tp == "auto" else int(tp)
-            if dp != "auto":
-                dp_size = int(dp)
-            else:
-                dp_size = trainer.num_nodes if tp == "auto" else world // tp_size
+            dp_size, tp_size = mesh_sizes(dp, tp, devices, trainer.num_nodes)
             if dp_size * tp_size != world:
                 raise UserError(
                     f"strategy.data_parallel_size={dp} x strategy.tensor_parallel_size={tp} "
