@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import gzip
 import os
+import signal as signal_module
 import struct
 import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
@@ -190,3 +192,23 @@ def tiny_run_args(data_dir: Path, run_dir: Path | None, *extra: str) -> list[str
         *([f"hydra.run.dir={run_dir}"] if run_dir is not None else []),
         *extra,
     ]
+
+
+class SendSignal(L.Callback):
+    """Fault injection for subprocess tests (`+callbacks.fault._target_=helpers.SendSignal`,
+    with PYTHONPATH=tests): the run sends itself `signal` after batch `batch` of epoch `epoch`
+    in `stage` ("train" or "validate"), as a scheduler would at that moment."""
+
+    def __init__(self, signal: str, epoch: int, batch: int, stage: str = "train") -> None:
+        self.signal, self.epoch, self.batch, self.stage = signal, epoch, batch, stage
+
+    def _maybe_send(self, trainer, stage: str, batch_idx: int) -> None:
+        if (stage, trainer.current_epoch, batch_idx) == (self.stage, self.epoch, self.batch):
+            os.kill(os.getpid(), getattr(signal_module, self.signal))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._maybe_send(trainer, "train", batch_idx)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args):
+        if not trainer.sanity_checking:
+            self._maybe_send(trainer, "validate", batch_idx)

@@ -95,14 +95,30 @@ def test_killed_run_resumes_to_the_same_result(tmp_path, idx_data_dir, uninterru
 
 
 @pytest.mark.slow
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, idx_data_dir, uninterrupted):
+@pytest.mark.parametrize(
+    ("stage", "batch", "step"),
+    [("train", 6, 57), ("validate", 3, 100)],  # mid-epoch 1; in its validation (50 steps each)
+)
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(
+    tmp_path, idx_data_dir, uninterrupted, stage, batch, step
+):
     run = tmp_path / "stopped"
-    process = start(idx_data_dir, run)
-    output = stop_after_first_checkpoint(process, signal.SIGTERM)
-    assert process.returncode == 143, output[-3000:]
-    assert "Stopped by SIGTERM at epoch" in output and "Traceback" not in output
-    stopped_at = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
-    assert stopped_at > 0
+    fault = [
+        "+callbacks.fault._target_=helpers.SendSignal",
+        "+callbacks.fault.signal=SIGTERM",
+        "+callbacks.fault.epoch=1",
+        f"+callbacks.fault.batch={batch}",
+        f"+callbacks.fault.stage={stage}",
+    ]
+    stopped = run_script(
+        "train.py",
+        *tiny_run_args(idx_data_dir, run, *RESUMABLE, *fault),
+        env={"PYTHONPATH": str(ROOT / "tests")},
+    )
+    output = stopped.stdout + stopped.stderr
+    assert stopped.returncode == 143, output[-3000:]
+    assert f"Stopped by SIGTERM at epoch 1, step {step}" in output and "Traceback" not in output
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == step
 
     result = run_script("train.py", *tiny_run_args(idx_data_dir, run, *RESUMABLE, "ckpt_path=last"))
     assert result.returncode == 0, result.stderr[-3000:]

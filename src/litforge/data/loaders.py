@@ -146,10 +146,9 @@ class TensorBatchLoader:
     # Lightning saves and restores these with checkpoints: a run stopped mid-epoch (SIGTERM)
     # goes on with the next batch of the same epoch instead of starting the epoch over.
     def state_dict(self) -> dict[str, int]:
-        # Lightning's training loop fetches one batch ahead: when it saves, the batches trained
-        # on are one fewer than those handed out, unless the epoch is over.
-        done = self._handed_out if self._handed_out >= len(self) else self._handed_out - 1
-        return {"epoch": self.sampler.epoch, "batches": max(done, 0)}
+        # Lightning fetches no batch ahead from a loader with a length: when it saves, every
+        # batch handed out has been trained on.
+        return {"epoch": self.sampler.epoch, "batches": self._handed_out}
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         self._resume = dict(state_dict)
