@@ -156,3 +156,24 @@ def test_ckpt_path_last_finds_the_newest_run_of_the_same_command(tmp_path):
     ckpt = runs / "b" / "checkpoints" / "last.ckpt"
     assert run_dir(str(runs), str(ckpt), [], "new") == str(runs / "b")
     assert run_dir(str(runs), str(tmp_path / "x.ckpt"), [], "new") == str(runs / "new")
+
+
+@pytest.mark.slow
+def test_ckpt_path_last_goes_back_into_the_run_of_the_same_command(tmp_path, idx_data_dir):
+    logs = tmp_path / "logs"
+    command = [*tiny_run_args(idx_data_dir, None), f"paths.log_dir={logs}"]
+    first = run_script("train.py", *command)
+    assert first.returncode == 0, first.stderr[-3000:]
+    [run] = (logs / "train" / "runs").iterdir()
+
+    again = run_script("train.py", *command, "ckpt_path=last")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"Resuming from {run / 'checkpoints' / 'last.ckpt'}" in again.stdout + again.stderr
+    assert list((logs / "train" / "runs").iterdir()) == [run]  # no new folder
+    # that run had finished: nothing to train, said so, and its metrics are still reported
+    assert "already reached trainer.max_epochs=1: nothing left to train" in again.stdout
+    assert "val/acc_best" in json.loads((run / "metrics.json").read_text())
+
+    other = run_script("train.py", *command, "seed=7", "ckpt_path=last")
+    assert other.returncode == 1
+    assert "ckpt_path=last: no earlier run of this command" in other.stderr

@@ -197,7 +197,14 @@ def resume_checkpoint(
     if not ckpt_path:
         return None
     if ckpt_path == "last":
-        ckpt_path = str(resume_path(Path(cfg.paths.output_dir) / "checkpoints"))
+        checkpoints = Path(cfg.paths.output_dir) / "checkpoints"
+        if not checkpoints.is_dir():  # ${run_dir:} found no earlier run of this command
+            raise UserError(
+                f"ckpt_path=last: no earlier run of this command (the same overrides, ckpt_path "
+                f"aside) has a checkpoint in {Path(cfg.paths.output_dir).parent}. Resume a given "
+                f"run with hydra.run.dir=<its folder> ckpt_path=last, or ckpt_path=<file>."
+            )
+        ckpt_path = str(resume_path(checkpoints))
     if Path(ckpt_path).is_dir():  # shards (model_parallel): the strategy reads and checks them
         return ckpt_path
     checkpoint = read_checkpoint(ckpt_path)
@@ -283,7 +290,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     metrics: dict[str, float] = {}
     if cfg.get("train"):
-        fit(trainer, model, datamodule, ckpt_path=resume_checkpoint(cfg, model, datamodule))
+        ckpt_path = resume_checkpoint(cfg, model, datamodule)
+        fit(trainer, model, datamodule, ckpt_path=ckpt_path)
+        if ckpt_path and not any(k.startswith("val/") for k in trainer.callback_metrics):
+            # The checkpoint had reached max_epochs already: nothing was trained or validated.
+            log.warning(
+                f"{ckpt_path} already reached trainer.max_epochs={trainer.max_epochs}: nothing "
+                f"left to train (raise trainer.max_epochs to train on). Validating it instead."
+            )
+            trainer.validate(model, datamodule=datamodule)
         metrics.update(_float_metrics(trainer))
 
     if cfg.get("test"):
