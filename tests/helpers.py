@@ -197,7 +197,7 @@ def tiny_run_args(data_dir: Path, run_dir: Path | None, *extra: str) -> list[str
 class SendSignal(L.Callback):
     """Fault injection for subprocess tests (`+callbacks.fault._target_=helpers.SendSignal`,
     with PYTHONPATH=tests): the run sends itself `signal` after batch `batch` of epoch `epoch`
-    in `stage` ("train" or "validate"), as a scheduler would at that moment."""
+    in `stage` ("train", "validate" or "test"), as a scheduler would at that moment."""
 
     def __init__(self, signal: str, epoch: int, batch: int, stage: str = "train") -> None:
         self.signal, self.epoch, self.batch, self.stage = signal, epoch, batch, stage
@@ -212,3 +212,6 @@ class SendSignal(L.Callback):
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args):
         if not trainer.sanity_checking:
             self._maybe_send(trainer, "validate", batch_idx)
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args):
+        self._maybe_send(trainer, "test", batch_idx)

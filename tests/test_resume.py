@@ -69,6 +69,22 @@ def assert_same_run(resumed, uninterrupted):
     assert metrics == pytest.approx(metrics_ref, abs=1e-6)
 
 
+def run_with_fault(data_dir, run, signal_name, stage, epoch, batch):
+    """Run train.py, which sends itself `signal_name` after that batch (helpers.SendSignal)."""
+    fault = [
+        "+callbacks.fault._target_=helpers.SendSignal",
+        f"+callbacks.fault.signal={signal_name}",
+        f"+callbacks.fault.epoch={epoch}",
+        f"+callbacks.fault.batch={batch}",
+        f"+callbacks.fault.stage={stage}",
+    ]
+    return run_script(
+        "train.py",
+        *tiny_run_args(data_dir, run, *RESUMABLE, *fault),
+        env={"PYTHONPATH": str(ROOT / "tests")},
+    )
+
+
 @pytest.fixture
 def uninterrupted(tmp_path, idx_data_dir):
     run = tmp_path / "uninterrupted"
@@ -103,26 +119,27 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(
     tmp_path, idx_data_dir, uninterrupted, stage, batch, step
 ):
     run = tmp_path / "stopped"
-    fault = [
-        "+callbacks.fault._target_=helpers.SendSignal",
-        "+callbacks.fault.signal=SIGTERM",
-        "+callbacks.fault.epoch=1",
-        f"+callbacks.fault.batch={batch}",
-        f"+callbacks.fault.stage={stage}",
-    ]
-    stopped = run_script(
-        "train.py",
-        *tiny_run_args(idx_data_dir, run, *RESUMABLE, *fault),
-        env={"PYTHONPATH": str(ROOT / "tests")},
-    )
+    stopped = run_with_fault(idx_data_dir, run, "SIGTERM", stage, epoch=1, batch=batch)
     output = stopped.stdout + stopped.stderr
     assert stopped.returncode == 143, output[-3000:]
-    assert f"Stopped by SIGTERM at epoch 1, step {step}" in output and "Traceback" not in output
+    assert f"Stopped by SIGTERM while training at epoch 1, step {step}" in output
+    assert "Traceback" not in output
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == step
 
     result = run_script("train.py", *tiny_run_args(idx_data_dir, run, *RESUMABLE, "ckpt_path=last"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_run(run, uninterrupted)
+
+
+@pytest.mark.slow
+def test_sigterm_while_testing_exits_143_too(tmp_path, idx_data_dir):
+    # Lightning's own SIGTERMException is a SystemExit with status 0: a stopped job would look done.
+    stopped = run_with_fault(idx_data_dir, tmp_path / "run", "SIGTERM", "test", epoch=3, batch=0)
+    assert stopped.returncode == 143
+    assert "Stopped by SIGTERM while testing" in stopped.stdout + stopped.stderr
+    assert not (tmp_path / "run" / "metrics.json").exists()
+    last = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["global_step"] == 150  # the end of training, not overwritten while testing
 
 
 def test_a_broken_newest_checkpoint_is_skipped_and_named(tmp_path, caplog):

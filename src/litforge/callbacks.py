@@ -13,6 +13,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.callbacks import RichProgressBar as _LightningRichProgressBar
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from litforge.errors import UserError
@@ -165,7 +166,9 @@ class LastCheckpoint(ModelCheckpoint):
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
-        if isinstance(exception, SIGTERMException):  # stopped between two batches: save them
+        # Stopped between two batches of training: save them. (Not when testing: the weights
+        # are then those of the best checkpoint.)
+        if isinstance(exception, SIGTERMException) and trainer.state.fn == TrainerFn.FITTING:
             self._save_checkpoint(trainer, str(Path(self.dirpath) / "last.ckpt"))
 
 

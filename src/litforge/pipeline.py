@@ -12,6 +12,8 @@ import logging
 import math
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -169,23 +171,32 @@ def fit(trainer: L.Trainer, model: L.LightningModule, datamodule, ckpt_path=None
     """
     gc.collect()
     gc.freeze()
+    with stopped_by_sigterm(trainer, "training"):
+        try:
+            trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+        except Exception as err:
+            lost = getattr(trainer.strategy, "lost_process", None)  # ReportsLostProcesses
+            if lost:
+                raise UserError(lost) from err
+            raise
+
+
+@contextmanager
+def stopped_by_sigterm(trainer: L.Trainer, what: str) -> Iterator[None]:
+    """Lightning stops on SIGTERM by raising SIGTERMException, a SystemExit with status 0; exit
+    with 143 instead (128 + SIGTERM, what schedulers expect of a stopped job), saying so."""
     try:
-        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+        yield
     except SIGTERMException:
         if trainer.is_global_zero:
             saved = [cb for cb in trainer.callbacks if isinstance(cb, LastCheckpoint)]
             where = f"saved to {Path(saved[0].dirpath) / 'last.ckpt'}" if saved else "not saved"
             log.warning(
-                f"Stopped by SIGTERM at epoch {trainer.current_epoch}, step "
+                f"Stopped by SIGTERM while {what} at epoch {trainer.current_epoch}, step "
                 f"{trainer.global_step}; checkpoint {where}. To resume, run the same command "
                 f"with ckpt_path=last."
             )
         sys.exit(143)
-    except Exception as err:
-        lost = getattr(trainer.strategy, "lost_process", None)  # strategies.ReportsLostProcesses
-        if lost:
-            raise UserError(lost) from err
-        raise
 
 
 def resume_checkpoint(
@@ -307,7 +318,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         best = monitors[0].best_model_path if monitors else ""
         if cfg.get("train") and not best:
             log.warning("No checkpoint was saved (e.g. fast_dev_run): testing the final weights.")
-        trainer.test(model, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
+        with stopped_by_sigterm(trainer, "testing"):
+            trainer.test(model, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
         metrics.update(_float_metrics(trainer))
 
     return finish(cfg, trainer, model, metrics)
