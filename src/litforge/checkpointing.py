@@ -57,7 +57,8 @@ def read_checkpoint(path: str | Path, key: str = "ckpt_path") -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"{key}={path}: no such file.")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        # mmap: tensors are read when used, so checking a large checkpoint costs little.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # torch.load raises many kinds on foreign bytes
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UserError(
