@@ -38,8 +38,9 @@ def open_study(sweep_dir, name="mnist_mlp"):
     return optuna.load_study(study_name=name, storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
 
 
-def search_args(data_dir, sweep_dir, *extra):
-    return [
+def search(data_dir, sweep_dir, *extra):
+    """`python train.py -m hparams_search=optuna` on the small MNIST files, seconds a trial."""
+    args = [
         "-m",
         "hparams_search=optuna",
         *tiny_run_args(data_dir, None),
@@ -50,23 +51,25 @@ def search_args(data_dir, sweep_dir, *extra):
         f"hydra.sweep.dir={sweep_dir}",
         *extra,
     ]
+    return run_script("train.py", *args, timeout=600)
+
+
+def summary_rows(sweep_dir) -> list[dict[str, str]]:
+    with (sweep_dir / "summary.csv").open() as f:
+        return list(csv.DictReader(f))
 
 
 @pytest.mark.slow
 def test_search_runs_trials_and_resumes_the_same_study(tmp_path, idx_data_dir):
     sweep_dir = tmp_path / "search"
-    first = run_script(
-        "train.py", *search_args(idx_data_dir, sweep_dir, "hydra.sweeper.n_trials=2"), timeout=600
-    )
+    first = search(idx_data_dir, sweep_dir, "hydra.sweeper.n_trials=2")
     assert first.returncode == 0, first.stderr[-3000:]
     study = open_study(sweep_dir)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
     first_params = [t.params for t in study.trials]
 
     # The same command with a larger n_trials: the stored trials stay, one more runs.
-    again = run_script(
-        "train.py", *search_args(idx_data_dir, sweep_dir, "hydra.sweeper.n_trials=3"), timeout=600
-    )
+    again = search(idx_data_dir, sweep_dir, "hydra.sweeper.n_trials=3")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "2 finished trial(s), 1 to run" in again.stdout + again.stderr
     study = open_study(sweep_dir)
@@ -74,8 +77,7 @@ def test_search_runs_trials_and_resumes_the_same_study(tmp_path, idx_data_dir):
     assert [t.params for t in study.trials[:2]] == first_params
     assert {p.name for p in sweep_dir.iterdir()} >= {"0", "1", "2", "optuna.db", "summary.md"}
 
-    with (sweep_dir / "summary.csv").open() as f:
-        rows = list(csv.DictReader(f))
+    rows = summary_rows(sweep_dir)
     assert sorted(row["job"] for row in rows) == ["0", "1", "2"]  # all, not just the last run
     assert [float(row["val/acc_best"]) for row in rows] == pytest.approx(
         sorted((t.value for t in study.trials), reverse=True), abs=1e-4
@@ -89,22 +91,17 @@ def test_search_runs_trials_and_resumes_the_same_study(tmp_path, idx_data_dir):
 @pytest.mark.slow
 def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path, idx_data_dir):
     sweep_dir = tmp_path / "search"
-    result = run_script(
-        "train.py",
-        *search_args(
-            idx_data_dir,
-            sweep_dir,
-            "hydra.sweeper.n_trials=2",
-            "data.val_size=choice(100000)",  # more than the training set: every trial fails
-        ),
-        timeout=600,
+    result = search(
+        idx_data_dir,
+        sweep_dir,
+        "hydra.sweeper.n_trials=2",
+        "data.val_size=choice(100000)",  # more than the training set: every trial fails
     )
     assert result.returncode == 1
     assert "no trial of Optuna study 'mnist_mlp' completed" in result.stderr
     study = open_study(sweep_dir)
     assert [t.state for t in study.trials] == [TrialState.FAIL] * 2  # both ran
-    with (sweep_dir / "summary.csv").open() as f:
-        rows = list(csv.DictReader(f))
+    rows = summary_rows(sweep_dir)
     assert [row["status"] for row in rows] == ["failed", "failed"]
     assert all("val_size" in row["error"] for row in rows)
 
@@ -112,17 +109,13 @@ def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path, idx_data_di
 @pytest.mark.slow
 def test_pruner_stops_a_trial_early(tmp_path, idx_data_dir):
     sweep_dir = tmp_path / "search"
-    result = run_script(
-        "train.py",
-        *search_args(
-            idx_data_dir,
-            sweep_dir,
-            "hydra.sweeper.n_trials=1",
-            "trainer.max_epochs=3",
-            # prunes any trial whose val/acc_best is below 1.1: all of them, after epoch 0
-            "hydra.sweeper.pruner={_target_:optuna.pruners.ThresholdPruner,lower:1.1}",
-        ),
-        timeout=600,
+    result = search(
+        idx_data_dir,
+        sweep_dir,
+        "hydra.sweeper.n_trials=1",
+        "trainer.max_epochs=3",
+        # prunes any trial whose val/acc_best is below 1.1: all of them, after epoch 0
+        "hydra.sweeper.pruner={_target_:optuna.pruners.ThresholdPruner,lower:1.1}",
     )
     assert result.returncode == 1  # no trial completed
     assert "Optuna pruned trial 0 after epoch 0." in result.stdout

@@ -156,6 +156,10 @@ class LastCheckpoint(ModelCheckpoint):
             enable_version_counter=False,  # overwrite last.ckpt, never last-v1.ckpt
         )
 
+    @property
+    def path(self) -> Path:
+        return Path(self.dirpath) / f"{self.filename}{self.FILE_EXTENSION}"
+
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         super()._save_checkpoint(trainer, filepath)
         if trainer.is_global_zero:
@@ -169,7 +173,7 @@ class LastCheckpoint(ModelCheckpoint):
         # Stopped between two batches of training: save them. (Not when testing: the weights
         # are then those of the best checkpoint.)
         if isinstance(exception, SIGTERMException) and trainer.state.fn == TrainerFn.FITTING:
-            self._save_checkpoint(trainer, str(Path(self.dirpath) / "last.ckpt"))
+            self._save_checkpoint(trainer, str(self.path))
 
 
 class ResumeState(L.Callback):
@@ -213,7 +217,8 @@ class StopOnNonFiniteLoss(L.Callback):
         if trainer.world_size > 1:  # every process stops together, whichever saw it
             bad = trainer.strategy.reduce_boolean_decision(bad, all=False)
         if bad:
-            checkpoints = Path(trainer.default_root_dir) / "checkpoints"
+            kept = trainer.checkpoint_callback
+            checkpoints = kept.dirpath if kept is not None else "(none: no checkpoint callback)"
             value = float(loss)
             where = "" if not math.isfinite(value) else " in another process"
             raise UserError(

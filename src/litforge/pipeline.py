@@ -190,7 +190,7 @@ def stopped_by_sigterm(trainer: L.Trainer, what: str) -> Iterator[None]:
     except SIGTERMException:
         if trainer.is_global_zero:
             saved = [cb for cb in trainer.callbacks if isinstance(cb, LastCheckpoint)]
-            where = f"saved to {Path(saved[0].dirpath) / 'last.ckpt'}" if saved else "not saved"
+            where = f"saved to {saved[0].path}" if saved else "not saved"
             log.warning(
                 f"Stopped by SIGTERM while {what} at epoch {trainer.current_epoch}, step "
                 f"{trainer.global_step}; checkpoint {where}. To resume, run the same command "
