@@ -1,20 +1,19 @@
-"""Callbacks of our own, where Lightning's need a change."""
+"""Callbacks of our own, each listed in conf/callbacks/ (the Optuna one in conf/hparams_search/).
+The ones about checkpoints and resuming are in `litforge.resume`, the plots in
+`litforge.models.classifier`."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
-import random
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.callbacks import RichProgressBar as _LightningRichProgressBar
-from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.exceptions import SIGTERMException
+from omegaconf import OmegaConf
 
 from litforge.errors import UserError
 
@@ -24,8 +23,9 @@ log = logging.getLogger(__name__)
 class RichProgressBar(_LightningRichProgressBar):
     """Lightning's rich progress bar, redrawn every `refresh_rate` batches.
 
-    Lightning's version reads the logged metrics and redraws after every batch whatever its
-    `refresh_rate`; on a CPU that costs about 1 ms a step, 10% of a small model's epoch.
+    Lightning's version (2.6.6; cf. Lightning #13937, #20300) reads the logged metrics and redraws
+    after every batch whatever its `refresh_rate`; on a CPU that costs about 1 ms a step, 10% of a
+    small model's epoch.
     Processes other than rank 0 show no bar and skip all of it.
     """
 
@@ -54,62 +54,19 @@ class RichProgressBar(_LightningRichProgressBar):
             super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
 
 
-class EpochHistory(L.Callback):
-    """Train and validation loss and accuracy of every epoch, for plots/curves.png, whatever
-    the loggers (none included). Saved in checkpoints, so a resumed run draws all its epochs.
-
-    An epoch's training statistics are logged by the module's `on_train_epoch_end`, which
-    Lightning calls after this callback's: the epoch is recorded at the next chance instead
-    (the next epoch's start, the end of training, or a checkpoint being written).
-    """
-
-    NAMES = ("train/loss", "train/acc", "val/loss", "val/acc")
-
-    def __init__(self) -> None:
-        self.epochs: dict[int, dict[str, float]] = {}
-        self._ended: int | None = None  # an epoch whose statistics are yet to be read
-        self._trainer: L.Trainer | None = None
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._trainer = trainer
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._ended = trainer.current_epoch
-
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._record()
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._record()
-
-    def _record(self) -> None:
-        if self._ended is None or self._trainer is None:
-            return
-        metrics = self._trainer.callback_metrics
-        self.epochs[self._ended] = {n: float(metrics[n]) for n in self.NAMES if n in metrics}
-        self._ended = None
-
-    def state_dict(self) -> dict[str, Any]:
-        self._record()  # checkpoints are written after the module's epoch-end hook
-        return {"epochs": self.epochs}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.epochs = dict(state_dict["epochs"])
-
-
-# Set by the Optuna sweeper (hydra_plugins.litforge.optuna_sweeper) for each job when the
-# search has a pruner: JSON with trial_id, study_name, storage and pruner (a `_target_` config).
-OPTUNA_TRIAL_ENV = "LITFORGE_OPTUNA_TRIAL"
-
-
 class OptunaPruning(L.Callback):
     """Report `monitor` to the Optuna trial after each validation epoch and stop training when
-    the study's pruner says the trial is hopeless. The sweeper then records it as PRUNED.
+    the study's pruner says the trial is hopeless; the sweeper then records the trial as PRUNED.
 
-    `pipeline.build_trainer` adds it when the job was started by the Optuna sweeper.
+    `trial` is what the Optuna sweeper (hydra_plugins.litforge.optuna_sweeper) hands each job of a
+    search with a pruner, in the environment variable LITFORGE_OPTUNA_TRIAL (JSON: trial_id,
+    study_name, storage, pruner); without it (a run outside a search) this does nothing.
     """
 
-    def __init__(self, trial: str, monitor: str) -> None:
+    def __init__(self, monitor: str, trial: str | None = None) -> None:
+        self.monitor, self.trial = monitor, None
+        if not trial:
+            return
         import optuna
         from hydra.utils import instantiate
 
@@ -121,10 +78,11 @@ class OptunaPruning(L.Callback):
         )
         # Optuna's way to reach a trial from another process: the study and the trial's id.
         self.trial = optuna.trial.Trial(study, spec["trial_id"])
-        self.monitor = monitor
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking or self.monitor not in trainer.callback_metrics:
+        if self.trial is None or trainer.sanity_checking:
+            return
+        if self.monitor not in trainer.callback_metrics:
             return
         epoch = trainer.current_epoch
         prune = False
@@ -138,71 +96,34 @@ class OptunaPruning(L.Callback):
         trainer.should_stop = trainer.should_stop or trainer.strategy.broadcast(prune)
 
 
-class LastCheckpoint(ModelCheckpoint):
-    """`checkpoints/last.ckpt` after every training epoch, and mid-epoch when the job is told to
-    stop (SIGTERM: preemption, `scancel`, a scheduler's time limit), before exiting.
+class LogRunConfig(L.Callback):
+    """Log the whole resolved run config to every logger (rather than the model's arguments),
+    with the batch size per process and in total (`batch_size.per_device`, `batch_size.global`).
 
-    The best checkpoint (`model_checkpoint`) is another callback: Lightning's `save_last` only
-    refreshes last.ckpt when a new best is saved, so a resumed run could go back many epochs.
+    `run_config` is filled in by the pipeline (a config cannot hold itself). In `setup`, which
+    Lightning calls after `prepare_data`: a run whose data is missing leaves no logger files.
     """
 
-    def __init__(self, dirpath: str) -> None:
-        super().__init__(
-            dirpath=dirpath,
-            filename="last",
-            monitor=None,
-            save_top_k=1,
-            save_on_train_epoch_end=True,  # after validation and the epoch's statistics
-            enable_version_counter=False,  # overwrite last.ckpt, never last-v1.ckpt
-        )
+    def __init__(self, run_config: Mapping[str, Any]) -> None:
+        self.config = OmegaConf.to_container(OmegaConf.create(dict(run_config)), resolve=True)
 
-    @property
-    def path(self) -> Path:
-        return Path(self.dirpath) / f"{self.filename}{self.FILE_EXTENSION}"
-
-    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
-        super()._save_checkpoint(trainer, filepath)
-        if trainer.is_global_zero:
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        per_device = self.config["data"]["batch_size"]
+        # Data-parallel replicas: processes that see different data (tensor parallel ranks
+        # share theirs), times gradient accumulation.
+        replicas = (trainer.distributed_sampler_kwargs or {}).get("num_replicas", 1)
+        total = per_device * replicas * trainer.accumulate_grad_batches
+        if trainer.is_global_zero and stage == "fit":
             log.info(
-                f"Saved {filepath} (epoch {trainer.current_epoch}, step {trainer.global_step})"
+                "Batch size: %d per process x %d data-parallel process(es) x %d accumulated = %d",
+                per_device,
+                replicas,
+                trainer.accumulate_grad_batches,
+                total,
             )
-
-    def on_exception(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
-    ) -> None:
-        # Stopped between two batches of training: save them. (Not when testing: the weights
-        # are then those of the best checkpoint.)
-        if isinstance(exception, SIGTERMException) and trainer.state.fn == TrainerFn.FITTING:
-            self._save_checkpoint(trainer, str(self.path))
-
-
-class ResumeState(L.Callback):
-    """Put the random number generators into checkpoints and back, so that a resumed run draws
-    the same dropout masks and augmentations as the run it continues (Lightning saves model,
-    optimizer, scheduler, loops and data position, not the RNGs)."""
-
-    def __init__(self) -> None:
-        self._states: dict[str, Any] | None = None
-
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
-        states = {"torch": torch.get_rng_state(), "python": random.getstate()}
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            states["cuda"] = torch.cuda.get_rng_state_all()
-        checkpoint["rng_states"] = states
-
-    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
-        self._states = checkpoint.get("rng_states")
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Here rather than when loading: after the sanity check, right before the first batch,
-        # where the interrupted run also was.
-        if self._states is None:
-            return
-        torch.set_rng_state(self._states["torch"])
-        random.setstate(self._states["python"])
-        if "cuda" in self._states and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(self._states["cuda"])
-        self._states = None
+        config = {**self.config, "batch_size": {"per_device": per_device, "global": total}}
+        for logger in trainer.loggers:
+            logger.log_hyperparams(config)
 
 
 class StopOnNonFiniteLoss(L.Callback):

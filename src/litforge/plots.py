@@ -86,6 +86,11 @@ def sweep(labels: Sequence[str], values: Sequence[float], metric: str, path: Pat
     return _save(fig, path)
 
 
+def close(fig) -> None:
+    """Free a figure: pyplot keeps every figure alive until closed."""
+    _pyplot().close(fig)
+
+
 def _save(fig, path: Path):
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

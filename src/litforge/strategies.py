@@ -1,5 +1,6 @@
-"""Strategy classes of our own, where Lightning's need a change, and the checks that turn a
-strategy that cannot work on this machine into one clear line before anything launches."""
+"""Lightning strategies of our own, where Lightning's need a change (conf/strategy/ selects them).
+How each model is sharded is `litforge.parallelize`; which combinations cannot run,
+`litforge.checks`."""
 
 from __future__ import annotations
 
@@ -9,9 +10,6 @@ import signal
 import torch
 from lightning.pytorch.strategies import DDPStrategy as _LightningDDPStrategy
 from lightning.pytorch.strategies import ModelParallelStrategy as _LightningModelParallelStrategy
-from omegaconf import DictConfig
-
-from litforge.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +56,8 @@ def _is_communication_error(exception: BaseException) -> bool:
 class DDPStrategy(ReportsLostProcesses, _LightningDDPStrategy):
     """Lightning's DDP, with its communication hook attached on every device.
 
-    Lightning registers `ddp_comm_hook` (gradient compression: fp16, bf16, PowerSGD) only when
-    training on CUDA and silently drops it otherwise; torch runs these hooks on gloo too.
+    Lightning (2.6.6) registers `ddp_comm_hook` (gradient compression: fp16, bf16, PowerSGD) only
+    when training on CUDA and silently drops it otherwise; torch runs these hooks on gloo too.
     """
 
     def _register_ddp_hooks(self) -> None:
@@ -76,7 +74,8 @@ class DDPStrategy(ReportsLostProcesses, _LightningDDPStrategy):
 
 class ModelParallelStrategy(ReportsLostProcesses, _LightningModelParallelStrategy):
     """Lightning's ModelParallelStrategy where `data_parallel_size="auto"` means what tensor
-    parallelism leaves of all processes (Lightning's own "auto" is the number of nodes)."""
+    parallelism leaves of all processes (Lightning's own "auto" is the number of nodes, by
+    design: Lightning PR #19878)."""
 
     def setup_environment(self) -> None:
         if self._data_parallel_size == "auto":
@@ -93,54 +92,3 @@ def mesh_sizes(dp: int | str, tp: int | str, per_node: int, num_nodes: int) -> t
     tp_size = per_node if tp == "auto" else int(tp)
     dp_size = num_nodes * per_node // tp_size if dp == "auto" else int(dp)
     return dp_size, tp_size
-
-
-def accelerator_is_cpu(accelerator: str) -> bool:
-    return accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
-
-
-def check_strategy(cfg: DictConfig) -> None:
-    """Refuse combinations that cannot run here, with the fix, before any process starts."""
-    trainer, strategy = cfg.trainer, cfg.strategy
-    target = str(strategy.get("_target_", strategy.get("name", "")))
-    on_cpu = accelerator_is_cpu(str(trainer.accelerator))
-    devices = trainer.devices
-    if on_cpu and target.endswith("FSDPStrategy"):
-        raise UserError(
-            "strategy=fsdp needs GPUs (Lightning's FSDPStrategy refuses the CPU). On CPUs use "
-            "strategy=model_parallel, which shards with FSDP2 on any device."
-        )
-    if on_cpu and "DeepSpeed" in target:
-        raise UserError(
-            "DeepSpeed needs GPUs. On CPUs use strategy=ddp or strategy=model_parallel."
-        )
-    if on_cpu and trainer.get("sync_batchnorm"):
-        raise UserError(
-            "trainer.sync_batchnorm=true works on GPUs only (torch's SyncBatchNorm). "
-            "Remove it for CPU runs."
-        )
-    if target.endswith("ModelParallelStrategy"):
-        if str(trainer.precision) == "16-mixed":
-            raise UserError(
-                "trainer.precision=16-mixed is not supported by strategy=model_parallel. "
-                "Use bf16-mixed (or bf16-true, 32-true)."
-            )
-        dp, tp = strategy.data_parallel_size, strategy.tensor_parallel_size
-        if isinstance(devices, int):
-            world = devices * trainer.num_nodes
-            dp_size, tp_size = mesh_sizes(dp, tp, devices, trainer.num_nodes)
-            if dp_size * tp_size != world:
-                raise UserError(
-                    f"strategy.data_parallel_size={dp} x strategy.tensor_parallel_size={tp} "
-                    f"must multiply to trainer.devices x trainer.num_nodes = {world}."
-                )
-            if tp_size > 1 and trainer.get("detect_anomaly"):
-                raise UserError(
-                    "trainer.detect_anomaly=true (set by debug=...) fails under tensor parallelism:"
-                    " torch's DTensor cannot run its check. Add trainer.detect_anomaly=false."
-                )
-    if not on_cpu and isinstance(devices, int) and devices > torch.cuda.device_count():
-        raise UserError(
-            f"trainer.devices={devices}, but this machine has {torch.cuda.device_count()} GPU(s). "
-            "Use fewer devices, or trainer.accelerator=cpu."
-        )

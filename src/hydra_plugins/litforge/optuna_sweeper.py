@@ -20,8 +20,8 @@ of truth: after each trial the sweep summary (`litforge.sweep_summary`) is rewri
 with `best.yaml` holding the best trial's parameters.
 
 With a `pruner`, each job reports its monitored metric after every validation epoch
-(`litforge.callbacks.OptunaPruning`) and stops early when the pruner says so; the trial is then
-told PRUNED.
+(`litforge.callbacks.OptunaPruning`, listed in conf/hparams_search/) and stops early when the
+pruner says so; the trial is then told PRUNED.
 """
 
 import json
@@ -43,8 +43,7 @@ from hydra.types import HydraContext, TaskFunction
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from litforge import errors, sweep_summary
-from litforge.callbacks import OPTUNA_TRIAL_ENV
+from hydra_plugins.litforge import sweep_summary
 from litforge.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -69,6 +68,10 @@ class OptunaSweeperConf:
 ConfigStore.instance().store(
     group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider="litforge"
 )
+
+# What each job of a search with a pruner is told (JSON: trial_id, study_name, storage, pruner);
+# conf/hparams_search/*.yaml hand it to `litforge.callbacks.OptunaPruning`.
+TRIAL_ENV = "LITFORGE_OPTUNA_TRIAL"
 
 
 def _distribution(override: Override) -> Any:
@@ -126,6 +129,7 @@ def _override_value(value: Any) -> str:
 
 
 class OptunaSweeper(Sweeper):
+    writes_own_summary = True  # from the study, all trials; see sweep_summary.SweepSummary
     def __init__(
         self,
         study_name: str,
@@ -149,7 +153,6 @@ class OptunaSweeper(Sweeper):
         self.launcher = Plugins.instance().instantiate_launcher(
             hydra_context=hydra_context, task_function=task_function, config=config
         )
-        self.launcher.write_summary = False  # ours is written from the study
 
     def _search_space(self, arguments: list[str]) -> tuple[list[str], dict[str, Any]]:
         """Fixed overrides for every trial, and the distributions to sample from. Command-line
@@ -205,7 +208,6 @@ class OptunaSweeper(Sweeper):
             study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
         return study, storage
 
-    @errors.exit_on_user_error  # a UserError here is one line too, as in train.py
     def sweep(self, arguments: list[str]) -> None:
         try:
             import optuna
@@ -240,7 +242,6 @@ class OptunaSweeper(Sweeper):
             self._write_summary(study, sweep_dir)
         # Failed trials are results of a search, recorded in the study and the summary; the
         # search itself failed only when no trial completed.
-        errors.failed_sweep_jobs.clear()
         if not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
             raise UserError(
                 f"no trial of Optuna study {self.study_name!r} completed; the errors are in "
@@ -253,7 +254,7 @@ class OptunaSweeper(Sweeper):
         if not self.pruner:
             yield
             return
-        os.environ[OPTUNA_TRIAL_ENV] = json.dumps(
+        os.environ[TRIAL_ENV] = json.dumps(
             {
                 "trial_id": trial_id,
                 "study_name": self.study_name,
@@ -264,16 +265,16 @@ class OptunaSweeper(Sweeper):
         try:
             yield
         finally:
-            del os.environ[OPTUNA_TRIAL_ENV]
+            del os.environ[TRIAL_ENV]
 
     def _tell(self, study: Any, trial: Any, job: Any) -> None:
         from optuna.trial import TrialState
 
         trial.set_user_attr("run_dir", str(job.working_dir))
-        latest = getattr(self.launcher, "results", None)  # litforge's launcher: error lines
-        if latest and latest[-1].error:
-            trial.set_user_attr("error", latest[-1].error)
-        value = job.return_value if job.status.name == "COMPLETED" else None
+        value = job._return_value if job.status.name == "COMPLETED" else None
+        if isinstance(value, sweep_summary.JobFailed):  # litforge's launcher: the error line
+            trial.set_user_attr("error", str(value))
+            value = None
         # Read back what the job itself wrote into the trial (OptunaPruning).
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         stored = next(t for t in running if t.number == trial.number)
@@ -316,7 +317,7 @@ class OptunaSweeper(Sweeper):
                     trial.user_attrs.get("error", ""),
                 )
             )
-        sweep_summary.write(sweep_dir, jobs, metric, mode)
+        sweep_summary.write(sweep_dir, jobs, metric, mode, show=True)
         completed = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
         if completed:
             best = study.best_trial

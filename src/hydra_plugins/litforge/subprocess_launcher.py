@@ -7,8 +7,8 @@ group, ranks and ports of one job leak into the next. Here each job is
 process, so whatever its strategy does starts from nothing and ends with the process. Its
 result (the config's `optimized_metric`, for sweepers) is read back from `metrics.json`.
 
-After each batch of jobs it writes the sweep's summary (`litforge.sweep_summary`). Selected in
-conf/hydra/default.yaml (`hydra/launcher: subprocess`).
+Each job's end goes to Hydra's callbacks (the sweep summary among them), as Hydra's own launchers
+do. Selected in conf/hydra/default.yaml (`hydra/launcher: subprocess`).
 """
 
 import json
@@ -26,7 +26,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from litforge import errors, sweep_summary
+from hydra_plugins.litforge.sweep_summary import JobFailed
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +67,13 @@ class SubprocessLauncher(Launcher):
     def __init__(self) -> None:
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
-        self.results: list[sweep_summary.JobResult] = []  # over all batches of the sweep
-        self.write_summary = True  # a sweeper that writes its own summary turns this off
+        self.task_function: TaskFunction | None = None
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
     ) -> None:
         self.hydra_context, self.config = hydra_context, config
+        self.task_function = task_function
 
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
@@ -99,6 +99,8 @@ class SubprocessLauncher(Launcher):
                 job_cfg.hydra.job.id = f"{job_cfg.hydra.job.name}_{num}"
                 job_cfg.hydra.job.num = num
             run_dir = Path(job_cfg.hydra.sweep.dir) / str(job_cfg.hydra.sweep.subdir)
+            callbacks = self.hydra_context.callbacks
+            callbacks.on_job_start(config=job_cfg, task_function=self.task_function)
             command = [
                 sys.executable,
                 sys.argv[0],
@@ -108,11 +110,9 @@ class SubprocessLauncher(Launcher):
                 f"hydra.run.dir={run_dir}",
             ]
             code, error = self._run(command, env)
-            returns.append(self._job_return(job_cfg, list(overrides), run_dir, code, error))
-        if self.write_summary:
-            metric = OmegaConf.select(self.config, "optimized_metric")
-            mode = OmegaConf.select(self.config, "optimized_metric_mode", default="max")
-            sweep_summary.write(sweep_dir, self.results, metric, mode)
+            result = self._job_return(job_cfg, list(overrides), run_dir, code, error)
+            callbacks.on_job_end(config=job_cfg, job_return=result)
+            returns.append(result)
         return returns
 
     @staticmethod
@@ -128,9 +128,13 @@ class SubprocessLauncher(Launcher):
                     error = line[len("error:") :].strip()
         return process.returncode, error
 
+    @staticmethod
     def _job_return(
-        self, cfg: DictConfig, overrides: list[str], run_dir: Path, code: int, error: str
+        cfg: DictConfig, overrides: list[str], run_dir: Path, code: int, error: str
     ) -> JobReturn:
+        """A failed job is COMPLETED with a `JobFailed` value: Hydra's BasicSweeper raises the
+        error of a FAILED job after its batch and ends the sweep there, where the others should
+        go on and the failures be listed at the end (`sweep_summary.SweepSummary`)."""
         result = JobReturn(
             overrides=overrides,
             cfg=cfg,
@@ -140,26 +144,13 @@ class SubprocessLauncher(Launcher):
             status=JobStatus.COMPLETED,
         )
         if code != 0:
-            # Reported here, once; the other jobs go on, and train.py exits 1 at the end. (A
-            # FAILED status would make Hydra's sweeper stop with a traceback after this batch.)
-            message = (
-                f"job #{cfg.hydra.job.num} ({' '.join(overrides)}) exited with status {code}; "
-                f"its log is in {run_dir}"
-            )
-            log.error(message)
-            errors.failed_sweep_jobs.append(message)
-            self.results.append(
-                sweep_summary.JobResult(
-                    cfg.hydra.job.num, overrides, run_dir, "failed", error=error or message
-                )
+            log.error(f"job #{cfg.hydra.job.num} ({' '.join(overrides)}) exited with status {code}")
+            result.return_value = JobFailed(
+                error or f"exited with status {code}; its log is in {run_dir}"
             )
             return result
         metrics_file = run_dir / "metrics.json"
         metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
-        self.results.append(
-            sweep_summary.JobResult(cfg.hydra.job.num, overrides, run_dir, "completed", metrics)
-        )
         metric = OmegaConf.select(cfg, "optimized_metric")
-        if metric:
-            result._return_value = metrics.get(metric)
+        result.return_value = metrics.get(metric) if metric else None
         return result

@@ -1,6 +1,2 @@
-"""Datasets: one module per dataset (`mnist`, `fashion_mnist`), each with its datamodule."""
-
-from litforge.data.base import InMemoryImageDataModule
-from litforge.data.sources import DatasetNotFoundError, DatasetSource, locate
-
-__all__ = ["DatasetNotFoundError", "DatasetSource", "InMemoryImageDataModule", "locate"]
+"""Datasets: one module per dataset (`mnist`, `fashion_mnist`, `cifar10`), each with its
+datamodule; `base.py` is what they share, `sources.py` where their files come from."""

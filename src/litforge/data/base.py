@@ -5,10 +5,12 @@ Subclasses say how to read their files (`load_split`) and what the data is (`sou
 them: find or download the files once, decode them once into uint8 tensors (cached in the data
 dir), carve a seeded validation split, and serve batches in one of two ways:
 
-- `loader="tensor"` (default): `TensorBatchLoader`, batches gathered from tensors on the training
-  device; normalization, augmentation and shuffling on whole batches. No worker processes.
-- `loader="torch"`: a classic `DataLoader` with per-sample torchvision transforms, the path to
-  copy for datasets that do not fit in memory.
+- `loader="whole_batch"` (default): `TensorBatchLoader`, batches gathered from tensors on the
+  training device; normalization, augmentation and shuffling on whole batches. No workers.
+- `loader="per_sample"`: a classic `DataLoader` with per-sample torchvision transforms, the path
+  to copy for datasets that do not fit in memory.
+
+`model_arguments()` is what the model is built with (input shape, classes, class names).
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ from torch.utils.data import DataLoader, Dataset
 
 from litforge.data.loaders import BatchAugment, EpochShuffler, TensorBatchLoader
 from litforge.data.sources import DatasetSource, locate
-from litforge.errors import UserError, check_number
+from litforge.errors import number_problem
 
 log = logging.getLogger(__name__)
 
 CACHE_FORMAT = 1  # bump when the cached tensors change meaning
-LOADERS = ("tensor", "torch")
+CACHE = "decoded-uint8.pt"
+LOADERS = ("whole_batch", "per_sample")
 
 
 class InMemoryImageDataModule(L.LightningDataModule):
@@ -41,13 +44,14 @@ class InMemoryImageDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        data_dir: str = "data",
+        data_dir: str | None = None,
+        root_dir: str = "data",
         system_dir: str | None = "/usr/share/datasets",
         download: bool = True,
         batch_size: int = 128,
         val_size: int = 5000,
         split_seed: int = 0,
-        loader: str = "tensor",
+        loader: str = "whole_batch",
         crop_padding: int = 0,
         horizontal_flip: bool = False,
         cache: bool = True,
@@ -55,25 +59,37 @@ class InMemoryImageDataModule(L.LightningDataModule):
         pin_memory: bool = False,
     ) -> None:
         super().__init__()
-        check_number("data.batch_size", batch_size, integer=True, minimum=1)
-        check_number("data.val_size", val_size, integer=True, minimum=0)
-        check_number("data.crop_padding", crop_padding, integer=True, minimum=0)
-        check_number("data.num_workers", num_workers, integer=True, minimum=0)
-        if not 0 <= val_size < self.num_train_images:
-            raise UserError(
-                f"data.val_size={val_size} must be at least 0 and below the "
-                f"{self.num_train_images} training images of {self.source.name}."
+        for problem in (
+            number_problem("batch_size", batch_size, integer=True, minimum=1),
+            number_problem("val_size", val_size, integer=True, minimum=0),
+            number_problem("crop_padding", crop_padding, integer=True, minimum=0),
+            number_problem("num_workers", num_workers, integer=True, minimum=0),
+        ):
+            if problem:
+                raise ValueError(problem)
+        if val_size >= self.num_train_images:
+            raise ValueError(
+                f"val_size={val_size} must be below the {self.num_train_images} training images "
+                f"of {self.source.name}."
             )
         if loader not in LOADERS:
-            raise UserError(f"data.loader={loader} is not one of: {', '.join(LOADERS)}.")
+            raise ValueError(f"loader={loader!r} is not one of: {', '.join(LOADERS)}.")
         # Plain values only: they go into checkpoints, which must load with weights_only=True.
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.save_hyperparameters({"name": self.source.name, **arguments})
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # uint8 images, labels
 
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
+    def model_arguments(self) -> dict[str, object]:
+        """What the model is built with: the data's shape and classes."""
+        return {
+            "input_shape": self.input_shape,
+            "num_classes": len(self.class_names),
+            "class_names": self.class_names,
+        }
+
+    def example_input(self) -> torch.Tensor:
+        """A batch of two blank images (what TensorBoard traces the model's graph with)."""
+        return torch.zeros(2, *self.input_shape)
 
     # --- what a dataset module provides -----------------------------------------------------
 
@@ -84,13 +100,20 @@ class InMemoryImageDataModule(L.LightningDataModule):
     # --- finding, decoding, caching ---------------------------------------------------------
 
     def locate(self, allow_download: bool = False) -> Path:
-        """The directory holding the dataset's files (see `litforge.data.sources`)."""
+        """The directory holding the dataset's files (see `litforge.data.sources`): `data_dir`
+        when given (or an error), else the first of the usual places that has them."""
         hp = self.hparams
-        return locate(self.source, hp.data_dir, hp.system_dir, allow_download and hp.download)
+        download = allow_download and hp.download
+        if hp.data_dir is not None:
+            return locate(self.source, hp.data_dir, None, download, given=True)
+        return locate(self.source, hp.root_dir, hp.system_dir, download)
 
-    @property
-    def cache_path(self) -> Path:
-        return Path(self.hparams.data_dir).expanduser() / self.source.name / "decoded-uint8.pt"
+    def cache_path(self, directory: Path) -> Path:
+        """Beside the files in a given folder; under root_dir otherwise (the system dir is
+        read-only)."""
+        if self.hparams.data_dir is not None:
+            return directory / CACHE
+        return Path(self.hparams.root_dir).expanduser() / self.source.name / CACHE
 
     def decode(self, directory: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         return {
@@ -100,25 +123,24 @@ class InMemoryImageDataModule(L.LightningDataModule):
 
     def read_cache(self, directory: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
         """The cached decoded tensors, if they were made from `directory`'s files."""
-        if not (self.hparams.cache and self.cache_path.is_file()):
+        path = self.cache_path(directory)
+        if not (self.hparams.cache and path.is_file()):
             return None
         try:
-            cached = torch.load(self.cache_path, weights_only=True)
+            cached = torch.load(path, weights_only=True)
         except Exception as err:  # a damaged cache is rebuilt from the original files
-            log.warning(
-                "Ignoring unreadable cache %s (%s); decoding the files again.", self.cache_path, err
-            )
+            log.warning("Ignoring unreadable cache %s (%s); decoding the files again.", path, err)
             return None
         if cached.get("format") != CACHE_FORMAT or cached.get("source") != str(directory):
             log.info(
                 "Cache %s is from another format or source; decoding the files again.",
-                self.cache_path,
+                path,
             )
             return None
         return cached["splits"]
 
     def write_cache(self, directory: Path, splits) -> None:
-        path = self.cache_path
+        path = self.cache_path(directory)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(".pt.partial")
@@ -141,7 +163,11 @@ class InMemoryImageDataModule(L.LightningDataModule):
         if not (fit or test):
             return
         directory = self.locate()
-        decoded = self.read_cache(directory) or self.decode(directory)
+        cached = self.read_cache(directory)
+        if self.trainer is None or self.trainer.is_global_zero:
+            copy = f" (decoded copy: {self.cache_path(directory)})" if cached else ""
+            log.info(f"Data: {self.source.name} from {directory}{copy}")
+        decoded = cached or self.decode(directory)
         if test:
             self.splits["test"] = decoded["test"]
         if fit:
@@ -172,7 +198,7 @@ class InMemoryImageDataModule(L.LightningDataModule):
     def _loader(self, split: str, train: bool):
         hp = self.hparams
         images, labels = self.splits[split]
-        if hp.loader == "torch":
+        if hp.loader == "per_sample":
             return DataLoader(
                 TransformedImages(images, labels, self._transform(train)),
                 batch_size=hp.batch_size,
@@ -224,7 +250,7 @@ class InMemoryImageDataModule(L.LightningDataModule):
 
 
 class TransformedImages(Dataset):
-    """uint8 images with a per-sample transform: the classic `data.loader=torch` path."""
+    """uint8 images with a per-sample transform: the classic `data.loader=per_sample` path."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform) -> None:
         self.images, self.labels, self.transform = images, labels, transform

@@ -1,4 +1,4 @@
-"""Batches straight from tensors held on the training device (the fast path, `data.loader=tensor`).
+"""Batches straight from tensors held on the training device (`data.loader=whole_batch`).
 
 MNIST, Fashion-MNIST and CIFAR-10 fit in memory, so a `DataLoader` that indexes one sample at a
 time and collates them is pure overhead. Here one index tensor per epoch says which samples each
@@ -63,9 +63,6 @@ class EpochShuffler:
             total = len(self) * self.num_replicas
             order = order.repeat(math.ceil(total / self.num_samples))[:total]
         return order[self.rank :: self.num_replicas]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices().tolist())
 
 
 class BatchAugment:
@@ -133,10 +130,9 @@ class TensorBatchLoader:
         mean: Sequence[float],
         std: Sequence[float],
         augment: BatchAugment | None = None,
-        drop_last: bool = False,
     ) -> None:
         self.images, self.labels = images, labels
-        self.batch_size, self.sampler, self.drop_last = batch_size, sampler, drop_last
+        self.batch_size, self.sampler = batch_size, sampler
         self.augment = augment if augment is not None and augment.active else None
         self.mean = torch.tensor(mean, device=images.device).view(1, -1, 1, 1)
         self.std = torch.tensor(std, device=images.device).view(1, -1, 1, 1)
@@ -154,8 +150,7 @@ class TensorBatchLoader:
         self._resume = dict(state_dict)
 
     def __len__(self) -> int:
-        n = len(self.sampler)
-        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+        return math.ceil(len(self.sampler) / self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         device = self.images.device

@@ -1,11 +1,11 @@
-"""Where dataset files come from: the data dir, the system dataset dir, then a download.
+"""Where dataset files come from. The same lookup serves every dataset, so "where are my files?"
+has one answer. A folder given for the dataset (`data.data_dir`) is used, or the run stops: its
+files are in it (or in its `<name>/`), else downloaded into it. Without one, it is searched for:
 
-The same lookup serves every dataset, so "where are my files?" has one answer:
-
-1. `<data_dir>/<name>/` (default `<project>/data/<name>/`),
+1. `<root_dir>/<name>/` (default `<project>/data/<name>/`),
 2. `<system_dir>/<system_name>/`, the directory Debian's dataset packages install into
    (`/usr/share/datasets/fashion-mnist` from `apt-get install dataset-fashion-mnist`),
-3. a download into `<data_dir>/<name>/` from the dataset's mirrors, checked against its MD5 sums.
+3. a download into `<root_dir>/<name>/` from the dataset's mirrors, checked against its MD5 sums.
 
 If none of them works, `DatasetNotFoundError` lists every place tried and how to fix it.
 """
@@ -59,12 +59,15 @@ def is_complete(directory: Path, files: Sequence[str]) -> bool:
     return all(find_file(directory, f) is not None for f in files)
 
 
-def candidate_dirs(source: DatasetSource, data_dir: Path, system_dir: Path | None) -> list[Path]:
-    """The local directories searched, in order."""
-    dirs = [data_dir / source.name, *(data_dir / alias for alias in source.aliases)]
-    if system_dir is not None:
+def candidate_dirs(
+    source: DatasetSource, root_dir: Path, system_dir: Path | None, given: bool = False
+) -> list[Path]:
+    """The local directories searched, in order. A given folder may hold the files itself."""
+    dirs = [root_dir] if given else []
+    dirs += [root_dir / source.name, *(root_dir / alias for alias in source.aliases)]
+    if system_dir is not None and not given:
         dirs.append(system_dir / (source.system_name or source.name))
-    return dirs
+    return list(dict.fromkeys(dirs))
 
 
 def download(source: DatasetSource, target: Path) -> list[str]:
@@ -110,30 +113,39 @@ def locate(
     data_dir: str | Path,
     system_dir: str | Path | None = "/usr/share/datasets",
     allow_download: bool = True,
+    given: bool = False,
 ) -> Path:
-    """Return the first directory holding all of the dataset's files, downloading if needed."""
+    """Return the first directory holding all of the dataset's files, downloading if needed.
+    `given`: `data_dir` is the dataset's own folder (used, or an error), not a root to search."""
     data_dir = Path(data_dir).expanduser()
     system = Path(system_dir).expanduser() if system_dir else None
-    tried = candidate_dirs(source, data_dir, system)
+    tried = candidate_dirs(source, data_dir, system, given)
     for directory in tried:
         if is_complete(directory, source.files):
             return directory
 
     failures = ["download disabled (data.download=false)"]
     if allow_download and source.mirrors:
-        target = data_dir / source.name
+        target = data_dir if given else data_dir / source.name
         log.info("Downloading %s into %s", source.name, target)
         failures = download(source, target)
         if not failures:
             return target
 
-    lines = [f"dataset '{source.name}' not found. Looked for {', '.join(source.files)} in:"]
+    where = f" in the given folder {data_dir}" if given else ""
+    lines = [f"dataset '{source.name}' not found{where}. Looked for {', '.join(source.files)} in:"]
     lines += [f"  - {d}" for d in tried]
     lines.append(f"  - download: {failures[-1] if failures else 'no mirrors'}")
-    lines.append(
-        f"Fix: put the files into {data_dir / source.name} (or point data.data_dir at the folder "
-        f"that holds {source.name}/)"
-    )
+    if given:
+        lines.append(
+            f"Fix: put the files into {data_dir}, or leave data.data_dir unset (null) to look "
+            f"in the usual places"
+        )
+    else:
+        lines.append(
+            f"Fix: put the files into {data_dir / source.name} (or give their folder as "
+            f"data.data_dir=<folder>)"
+        )
     if source.debian_package:
         lines.append(f"  or install Debian's copy: sudo apt-get install -y {source.debian_package}")
     lines.append(

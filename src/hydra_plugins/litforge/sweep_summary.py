@@ -1,19 +1,31 @@
 """The summary of a sweep (`-m`): one row per job — what it varied, how it ended, its final
 metrics, its folder — plus mean ± std rows for jobs that differ only by `seed`. Written into the
-sweep folder as `summary.csv` and `summary.md`, and printed, each time a batch of jobs ends.
+sweep folder as `summary.csv`, `summary.md` and `plots/sweep.png` after each job.
+
+`SweepSummary` is the Hydra callback (conf/hydra/default.yaml) that collects the jobs, prints the
+summary when the sweep ends and, when a job failed, lists the failures and exits with status 1:
+any entry point gets that, whatever launcher ran the jobs.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import math
 import re
 import statistics
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import rich
 import rich.table
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from hydra.utils import get_class
+from omegaconf import DictConfig, OmegaConf
 
 
 @dataclass
@@ -79,7 +91,10 @@ def rows(jobs: list[JobResult], metric: str | None, mode: str = "max") -> list[d
     return table
 
 
-def write(sweep_dir: Path, jobs: list[JobResult], metric: str | None, mode: str = "max") -> None:
+def write(
+    sweep_dir: Path, jobs: list[JobResult], metric: str | None, mode: str = "max", show=False
+) -> None:
+    """The summary files; `show`: print the decisive columns too."""
     table = rows(jobs, metric, mode)
     columns = list(table[0])
     with (sweep_dir / "summary.csv").open("w", newline="") as f:
@@ -104,8 +119,10 @@ def write(sweep_dir: Path, jobs: list[JobResult], metric: str | None, mode: str 
             metric,
             sweep_dir / "plots" / "sweep.png",
         )
-        figure.clf()
+        plots.close(figure)
 
+    if not show:
+        return
     # The console gets the columns that decide; the files have them all.
     shown = ["job", "overrides", "status"] + [
         c for c in (metric, "test/acc") if c and c in columns and c not in ("job", "overrides")
@@ -118,3 +135,63 @@ def write(sweep_dir: Path, jobs: list[JobResult], metric: str | None, mode: str 
     for row in table:
         printed.add_row(*(row[c] for c in [*dict.fromkeys(shown), "error"]))
     rich.print(printed)
+
+
+class JobFailed(Exception):
+    """The value of a job that failed: its error line, or its exit status and folder."""
+
+
+class SweepSummary(Callback):
+    """Collect each job of a sweep as it ends, rewrite the summary, and at the end of the sweep
+    print it and exit with status 1 if a job failed.
+
+    A sweeper whose class sets `writes_own_summary = True` (the Optuna sweeper, which summarizes
+    all trials of its study and judges failed trials itself) is left alone.
+    """
+
+    def __init__(self) -> None:
+        self.jobs: list[JobResult] = []
+
+    @staticmethod
+    def _active(config: DictConfig) -> bool:
+        if config.hydra.mode != RunMode.MULTIRUN:  # a single run, sweep job or not
+            return False
+        sweeper = OmegaConf.select(config, "hydra.sweeper._target_")
+        return not (sweeper and getattr(get_class(sweeper), "writes_own_summary", False))
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if not self._active(config):
+            return
+        run_dir = Path(job_return.working_dir or config.hydra.runtime.output_dir)
+        failed = job_return.status == JobStatus.FAILED or isinstance(
+            job_return._return_value, JobFailed
+        )
+        metrics_file = run_dir / "metrics.json"
+        metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
+        self.jobs.append(
+            JobResult(
+                config.hydra.job.num,
+                list(job_return.overrides or []),
+                run_dir,
+                "failed" if failed else "completed",
+                {} if failed else metrics,
+                (str(job_return._return_value).strip().splitlines() or [""])[0] if failed else "",
+            )
+        )
+        self._write(config, show=False)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if not (self._active(config) and self.jobs):
+            return
+        self._write(config, show=True)
+        failed = [job for job in self.jobs if job.status == "failed"]
+        if failed:
+            print(f"error: {len(failed)} job(s) of the sweep failed:", file=sys.stderr)
+            for job in failed:
+                print(f"  #{job.num} ({' '.join(job.overrides)}): {job.error}", file=sys.stderr)
+            sys.exit(1)
+
+    def _write(self, config: DictConfig, show: bool) -> None:
+        metric = OmegaConf.select(config, "optimized_metric")
+        mode = OmegaConf.select(config, "optimized_metric_mode", default="max")
+        write(Path(config.hydra.sweep.dir), self.jobs, metric, mode, show=show)

@@ -74,6 +74,6 @@ def parallelize(net: nn.Module, mesh: DeviceMesh, compile: bool = False) -> None
     except KeyError:
         raise TypeError(
             f"strategy=model_parallel does not know how to shard {type(net).__name__}: add a "
-            "parallelize function for it to litforge/parallel.py."
+            "parallelize function for it to litforge/parallelize.py."
         ) from None
     function(net, mesh, compile)

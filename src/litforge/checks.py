@@ -1,0 +1,90 @@
+"""Config checks, in one place and with the config keys in their messages, run before any data is
+read or any process is launched. The classes check their own arguments too (in their own words,
+for use without Hydra); what can only be known from the data (a validation split larger than the
+dataset) is left to them.
+"""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from litforge.errors import UserError, number_problem
+
+# key: (integer, minimum, above)
+NUMBERS = {
+    "model.optimizer.lr": (False, 0, True),
+    "model.optimizer.weight_decay": (False, 0, False),
+    "data.batch_size": (True, 1, False),
+    "data.val_size": (True, 0, False),
+    "data.crop_padding": (True, 0, False),
+    "data.num_workers": (True, 0, False),
+    "trainer.max_epochs": (True, -1, False),
+    "trainer.accumulate_grad_batches": (True, 1, False),
+}
+
+
+def check_config(cfg: DictConfig, needs_checkpoint: bool = False) -> None:
+    """Raise a UserError naming the first config value that cannot work."""
+    for key, (integer, minimum, above) in NUMBERS.items():
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is not None:
+            problem = number_problem(key, value, integer=integer, minimum=minimum, above=above)
+            if problem:
+                raise UserError(f"{problem} Set {key}=...")
+    if needs_checkpoint and not cfg.get("ckpt_path"):
+        raise UserError(
+            "no checkpoint given: add ckpt_path=<file or folder>, e.g. "
+            "logs/train/runs/<run>/checkpoints/last.ckpt"
+        )
+    if "trainer" in cfg and "strategy" in cfg:
+        check_strategy(cfg)
+
+
+def accelerator_is_cpu(accelerator: str) -> bool:
+    return accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+
+
+def check_strategy(cfg: DictConfig) -> None:
+    """Combinations of strategy, devices and precision that cannot run here, with the fix."""
+    from litforge.strategies import mesh_sizes
+
+    trainer, strategy = cfg.trainer, cfg.strategy
+    target = str(strategy.get("_target_", strategy.get("name", "")))
+    on_cpu = accelerator_is_cpu(str(trainer.accelerator))
+    devices = trainer.devices
+    if on_cpu and target.endswith("FSDPStrategy"):
+        raise UserError(
+            "strategy=fsdp needs GPUs (Lightning's FSDPStrategy refuses the CPU). On CPUs use "
+            "strategy=model_parallel, which shards with FSDP2 on any device."
+        )
+    if on_cpu and trainer.get("sync_batchnorm"):
+        raise UserError(
+            "trainer.sync_batchnorm=true works on GPUs only (torch's SyncBatchNorm). "
+            "Remove it for CPU runs."
+        )
+    if target.endswith("ModelParallelStrategy"):
+        if str(trainer.precision) == "16-mixed":
+            raise UserError(
+                "trainer.precision=16-mixed is not supported by strategy=model_parallel. "
+                "Use bf16-mixed (or bf16-true, 32-true)."
+            )
+        dp, tp = strategy.data_parallel_size, strategy.tensor_parallel_size
+        if isinstance(devices, int):
+            world = devices * trainer.num_nodes
+            dp_size, tp_size = mesh_sizes(dp, tp, devices, trainer.num_nodes)
+            if dp_size * tp_size != world:
+                raise UserError(
+                    f"strategy.data_parallel_size={dp} x strategy.tensor_parallel_size={tp} "
+                    f"must multiply to trainer.devices x trainer.num_nodes = {world}."
+                )
+            if tp_size > 1 and trainer.get("detect_anomaly"):
+                raise UserError(
+                    "trainer.detect_anomaly=true (set by debug=...) fails under tensor parallelism:"
+                    " torch's DTensor cannot run its check. Add trainer.detect_anomaly=false."
+                )
+    if not on_cpu and isinstance(devices, int) and devices > torch.cuda.device_count():
+        raise UserError(
+            f"trainer.devices={devices}, but this machine has {torch.cuda.device_count()} GPU(s). "
+            "Use fewer devices, or trainer.accelerator=cpu."
+        )

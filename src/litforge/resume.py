@@ -1,0 +1,345 @@
+"""Surviving a kill, and finding the checkpoint to continue from, top to bottom:
+
+1. Writing: `AtomicCheckpointIO` (`trainer.plugins`) writes each checkpoint beside its target,
+   flushed, then renamed over it; `LastCheckpoint` (callbacks) writes `last.ckpt` every epoch and
+   on SIGTERM; `ResumeState` (callbacks) adds the random generators and the LightningModule's class.
+2. Stopping: `stopped_by_sigterm` turns Lightning's SIGTERM stop into exit status 143.
+3. Finding: `run_dir` (the `${run_dir:...}` resolver of conf/hydra/default.yaml) sends
+   `ckpt_path=last` back into the folder of the run it continues; `newest_loadable` picks the
+   checkpoint there; `checked_checkpoint` checks that it fits the configured model and data.
+4. Reading: `read_checkpoint` loads a file or a folder of shards (model_parallel), safely
+   (`weights_only=True`); `load_module` rebuilds the LightningModule a checkpoint names.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from litforge.errors import UserError
+
+log = logging.getLogger(__name__)
+
+# --- 1. writing -------------------------------------------------------------------------------
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's writer stages the file in $TMPDIR, often another file system on clusters, so
+    its final move is a plain, interruptible copy (Lightning #21253, open; PR #21744)."""
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
+    ) -> None:
+        if storage_options is not None:
+            raise TypeError("AtomicCheckpointIO takes no storage_options")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+        try:
+            with partial.open("wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(partial, path)  # atomic on POSIX within one file system
+        finally:
+            partial.unlink(missing_ok=True)
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """`checkpoints/last.ckpt` after every training epoch, and mid-epoch when the job is told to
+    stop (SIGTERM: preemption, `scancel`, a scheduler's time limit), before exiting.
+
+    Lightning's `save_last` writes last.ckpt only when a monitored checkpoint is saved (by design
+    since 2.6, Lightning #20245 / #21244): a resumed run could go back many epochs.
+    """
+
+    def __init__(self, dirpath: str) -> None:
+        super().__init__(
+            dirpath=dirpath,
+            filename="last",
+            monitor=None,
+            save_top_k=1,
+            save_on_train_epoch_end=True,  # after validation and the epoch's statistics
+            enable_version_counter=False,  # overwrite last.ckpt, never last-v1.ckpt
+        )
+
+    @property
+    def path(self) -> Path:
+        return Path(self.dirpath) / f"{self.filename}{self.FILE_EXTENSION}"
+
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        super()._save_checkpoint(trainer, filepath)
+        if trainer.is_global_zero:
+            log.info(
+                f"Saved {filepath} (epoch {trainer.current_epoch}, step {trainer.global_step})"
+            )
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        # Stopped between two batches of training: save them. (Not when testing: the weights
+        # are then those of the best checkpoint.)
+        if isinstance(exception, SIGTERMException) and trainer.state.fn == TrainerFn.FITTING:
+            self._save_checkpoint(trainer, str(self.path))
+
+
+class ResumeState(L.Callback):
+    """What Lightning leaves out of a checkpoint: the random number generators, so that a resumed
+    run draws the same dropout masks and augmentations as the run it continues; and the class of
+    the LightningModule, so that eval.py can rebuild it from the checkpoint alone."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, Any] | None = None
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        checkpoint["module_class"] = f"{type(pl_module).__module__}.{type(pl_module).__qualname__}"
+        states = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            states["cuda"] = torch.cuda.get_rng_state_all()
+        checkpoint["rng_states"] = states
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        self._states = checkpoint.get("rng_states")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Here rather than when loading: after the sanity check, right before the first batch,
+        # where the interrupted run also was.
+        if self._states is None:
+            return
+        torch.set_rng_state(self._states["torch"])
+        random.setstate(self._states["python"])
+        if "cuda" in self._states and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(self._states["cuda"])
+        self._states = None
+
+
+# --- 2. stopping ------------------------------------------------------------------------------
+
+
+@contextmanager
+def stopped_by_sigterm(trainer: L.Trainer, what: str) -> Iterator[None]:
+    """Lightning stops on SIGTERM by raising SIGTERMException, a SystemExit with status 0 (fixed
+    after 2.6.6, Lightning #19916 / PR #21623); exit with 143 (128 + SIGTERM, what schedulers
+    expect of a stopped job) instead, saying so."""
+    try:
+        yield
+    except SIGTERMException:
+        if trainer.is_global_zero:
+            saved = [cb for cb in trainer.callbacks if isinstance(cb, LastCheckpoint)]
+            where = f"saved to {saved[0].path}" if saved else "not saved"
+            log.warning(
+                f"Stopped by SIGTERM while {what} at epoch {trainer.current_epoch}, step "
+                f"{trainer.global_step}; checkpoint {where}. To resume, run the same command "
+                f"with ckpt_path=last."
+            )
+        sys.exit(143)
+
+
+# --- 3. finding -------------------------------------------------------------------------------
+
+
+def run_id() -> str:
+    """The name of a new run's folder: the job id when a cluster launcher gives one, else the time.
+
+    Every process of a multi-node job computes this for itself; a shared job id puts them all
+    into one folder, where timestamps taken on different machines could differ by a second.
+    """
+    if os.environ.get("SLURM_JOB_ID"):
+        array = os.environ.get("SLURM_ARRAY_TASK_ID")
+        return f"slurm-{os.environ['SLURM_JOB_ID']}" + (f"-{array}" if array else "")
+    if os.environ.get("TORCHELASTIC_RUN_ID", "none") != "none":
+        return f"torchrun-{os.environ['TORCHELASTIC_RUN_ID']}"
+    return datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+
+
+def run_dir(runs_root: str, ckpt_path: str | None, overrides: Any = None) -> str:
+    """`${run_dir:<runs root>,${ckpt_path},${hydra.overrides.task}}`: `<runs_root>/<run id>` for a
+    new run. With `ckpt_path=last`, the newest run under `runs_root` started with the same
+    overrides (ckpt_path aside) that holds a checkpoint; with a checkpoint inside a run under
+    `runs_root`, that run."""
+    root = Path(runs_root)
+    if ckpt_path == "last":
+        runs = [
+            run
+            for run in (root.iterdir() if root.is_dir() else [])
+            if any(run.glob("checkpoints/*.ckpt")) and _same_command(run, list(overrides or []))
+        ]
+        if runs:
+            return str(max(runs, key=_newest_checkpoint_time))
+    elif ckpt_path:
+        path = Path(ckpt_path).expanduser().resolve()
+        if path.parent.name == "checkpoints" and path.parent.parent.parent == root.resolve():
+            return str(path.parent.parent)
+    return str(root / run_id())
+
+
+def _same_command(run: Path, overrides: list[str]) -> bool:
+    saved = run / ".hydra" / "overrides.yaml"
+    if not saved.is_file():
+        return False
+    from omegaconf import OmegaConf
+
+    return _without_resume(list(OmegaConf.load(saved))) == _without_resume(overrides)
+
+
+def _without_resume(overrides: list[str]) -> list[str]:
+    return [o for o in overrides if not o.startswith(("ckpt_path=", "hydra.run.dir="))]
+
+
+def _newest_checkpoint_time(run: Path) -> float:
+    return max(p.stat().st_mtime for p in run.glob("checkpoints/*.ckpt"))
+
+
+def newest_loadable(checkpoint_dir: Path) -> Path:
+    """The newest checkpoint in `checkpoint_dir` that loads; broken ones are named and skipped."""
+    candidates = sorted(
+        checkpoint_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True
+    )
+    for path in candidates:
+        if path.is_dir():  # model_parallel's folder of shards, whole once its .metadata exists
+            if (path / ".metadata").is_file():
+                log.info(f"Resuming from {path} (a folder of shards)")
+                return path
+            log.warning(f"Skipping {path}: a folder of shards without .metadata (cut off)")
+            continue
+        try:
+            checkpoint = read_checkpoint(path)
+        except UserError as err:
+            log.warning(f"Skipping {path}: {err}")
+            continue
+        log.info(
+            f"Resuming from {path} (epoch {checkpoint.get('epoch')}, "
+            f"step {checkpoint.get('global_step')})"
+        )
+        return path
+    raise UserError(
+        f"ckpt_path=last: no checkpoint to resume in {checkpoint_dir}. Run the same command "
+        f"without ckpt_path to start, or give ckpt_path=<file>."
+    )
+
+
+def checked_checkpoint(
+    ckpt_path: str, output_dir: str, model: L.LightningModule, dataset: str | None, fitting: bool
+) -> str:
+    """The checkpoint `ckpt_path` names (`last`: the newest of this run that loads), checked to
+    fit `model` and `dataset` before anything starts. A folder of shards to fit from is left to
+    the strategy, which reads and checks it."""
+    if ckpt_path == "last":
+        checkpoints = Path(output_dir) / "checkpoints"
+        if not checkpoints.is_dir():  # ${run_dir:} found no earlier run of this command
+            raise UserError(
+                f"ckpt_path=last: no earlier run of this command (the same overrides, ckpt_path "
+                f"aside) has a checkpoint in {Path(output_dir).parent}. Resume a given "
+                f"run with hydra.run.dir=<its folder> ckpt_path=last, or ckpt_path=<file>."
+            )
+        ckpt_path = str(newest_loadable(checkpoints))
+    if fitting and Path(ckpt_path).is_dir():
+        return ckpt_path
+    checkpoint = read_checkpoint(ckpt_path)
+    check_same_dataset(checkpoint, dataset, ckpt_path)
+    check_same_shapes(checkpoint["state_dict"], model.state_dict(), ckpt_path)
+    return ckpt_path
+
+
+def check_same_dataset(checkpoint: dict[str, Any], dataset: str | None, ckpt_path: str) -> None:
+    trained_on = checkpoint.get("datamodule_hyper_parameters", {}).get("name")
+    if trained_on and dataset and trained_on != dataset:
+        raise UserError(
+            f"{ckpt_path} was trained on '{trained_on}', the config selects "
+            f"'{dataset}'. Add data={trained_on}."
+        )
+
+
+def check_same_shapes(saved: dict[str, Any], current: dict[str, Any], ckpt_path: str) -> None:
+    """One line naming the weights that differ between a checkpoint and the configured model."""
+    differences = [
+        f"{k}: checkpoint {list(saved[k].shape)}, model {list(v.shape)}"
+        for k, v in current.items()
+        if k in saved and hasattr(v, "shape") and tuple(saved[k].shape) != tuple(v.shape)
+    ]
+    differences += [f"missing {k}" for k in current if k not in saved]
+    differences += [f"unexpected {k}" for k in saved if k not in current]
+    if differences:
+        shown = "; ".join(differences[:4]) + (" ..." if len(differences) > 4 else "")
+        raise UserError(
+            f"{ckpt_path} holds another architecture than the configured model "
+            f"({len(differences)} difference(s): {shown}). Use the model config it was trained "
+            f"with (its run dir's .hydra/config.yaml)."
+        )
+
+
+# --- 4. reading -------------------------------------------------------------------------------
+
+
+def read_checkpoint(path: str | Path, key: str = "ckpt_path") -> dict[str, Any]:
+    """The checkpoint in `path` (a file, or model_parallel's folder of shards put together in
+    memory), or a UserError saying (for `key`) why it cannot be used."""
+    path = Path(path).expanduser()
+    try:
+        if path.is_dir():
+            if not (path / ".metadata").is_file():
+                raise UserError(f"{key}={path} is a folder but no checkpoint (no .metadata).")
+            # Private, but torch has no public way to read shards into one state dict without a
+            # process group (pytorch #125777, open).
+            from lightning.fabric.utilities.load import _load_distributed_checkpoint
+
+            checkpoint = _load_distributed_checkpoint(path)
+        elif path.is_file():
+            # mmap: tensors are read when used, so checking a large checkpoint costs little.
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        else:
+            raise UserError(f"{key}={path}: no such file.")
+    except UserError:
+        raise
+    except Exception as err:  # torch.load raises many kinds on foreign bytes
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(
+            f"{key}={path} is not a readable checkpoint ({first_line[:200]}). Point it at a "
+            f"checkpoint written by train.py (<run dir>/checkpoints/)."
+        ) from err
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise UserError(
+            f"{key}={path} is a torch file but not a Lightning checkpoint (no 'state_dict'). "
+            f"Point it at a checkpoint written by train.py (<run dir>/checkpoints/)."
+        )
+    return checkpoint
+
+
+def load_module(checkpoint: dict[str, Any], ckpt_path: str) -> L.LightningModule:
+    """The LightningModule the checkpoint names (`module_class`), rebuilt from its saved
+    arguments with its weights. Only classes of this package are imported: a checkpoint must not
+    be able to run code of its choosing."""
+    from hydra.utils import get_class
+
+    name = checkpoint.get("module_class")
+    package = __name__.split(".")[0]
+    if not name:
+        raise UserError(
+            f"{ckpt_path} does not name its LightningModule class (written without "
+            f"callbacks.resume_state). Load it in Python with <YourModule>.load_from_checkpoint."
+        )
+    if not name.startswith(f"{package}."):
+        raise UserError(f"{ckpt_path} names {name}, not a class of {package}: not loading it.")
+    try:
+        module_class = get_class(name)
+    except Exception as err:
+        raise UserError(f"{ckpt_path} names {name}, which does not import ({err}).") from err
+    if not issubclass(module_class, L.LightningModule):
+        raise UserError(f"{ckpt_path} names {name}, which is not a LightningModule.")
+    model = module_class(**checkpoint["hyper_parameters"])
+    model.load_state_dict(checkpoint["state_dict"])
+    return model
