@@ -7,7 +7,7 @@ and thread count. Needs Fashion-MNIST (`make data`).
 
 An epoch is one pass over the 55k training images plus one over the 5k validation images; the
 first (warm-up) epoch is not counted. `--extras` adds rows for the classic DataLoader path
-(`data.loader=torch`) and `model.compile=true`, and the time from `python train.py` to the end
+(`data.loader=per_sample`) and `model.compile=true`, and the time from `python train.py` to the end
 of a one-step run.
 """
 
@@ -138,7 +138,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs, after one warm-up")
     parser.add_argument("--rounds", type=int, default=2, help="alternations of loop and template")
     parser.add_argument(
-        "--extras", action="store_true", help="also loader=torch, compile, start-up"
+        "--extras", action="store_true", help="also loader=per_sample, compile, start-up"
     )
     parser.add_argument(
         "overrides", nargs="*", help="config overrides for both, e.g. data.batch_size=256"
@@ -153,10 +153,10 @@ def main() -> None:
     )
     rows = []
     for model in args.models:
-        runs = [("litforge (data.loader=tensor)", args.overrides)]
+        runs = [("litforge (data.loader=whole_batch)", args.overrides)]
         if args.extras:
             runs += [
-                ("litforge, data.loader=torch", [*args.overrides, "data.loader=torch"]),
+                ("litforge, data.loader=per_sample", [*args.overrides, "data.loader=per_sample"]),
                 ("litforge, model.compile=true", [*args.overrides, "model.compile=true"]),
             ]
         # Alternate the loop and the template for `--rounds` rounds and pool each one's epochs:

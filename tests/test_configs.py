@@ -73,7 +73,10 @@ def test_callbacks_default_and_opt_in(tmp_path):
     assert set(default.callbacks) == {
         "model_checkpoint",
         "last_checkpoint",
+        "resume_state",
         "stop_on_nonfinite_loss",
+        "plots",
+        "log_run_config",
         "lr_monitor",
         "rich_progress_bar",
     }

@@ -72,7 +72,7 @@ def test_unknown_config_option_lists_the_choices(tmp_path):
         ("data.batch_size=0", "data.batch_size=0 is out of range: expected an integer at least 1"),
         ("data.batch_size=64.5", "data.batch_size=64.5 is not a number: expected an integer"),
         ("data.val_size=-5", "data.val_size=-5 is out of range"),
-        ("data.val_size=60000", "data.val_size=60000 must be at least 0 and below the 60000"),
+        ("data.val_size=60000", "data: val_size=60000 must be below the 60000 training images"),
         ("trainer.max_epochs=ten", "trainer.max_epochs='ten' is not a number"),
     ],
 )

@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from helpers import free_port, run_script, tiny_run_args
+from helpers import CONF, free_port, run_script, tiny_run_args
 
 
 @pytest.mark.slow
@@ -64,7 +64,9 @@ def test_sweep_summary_has_failed_rows_and_seed_means(tmp_path, idx_data_dir):
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "error: 2 job(s) of the sweep failed:" in result.stderr
-    assert re.search(r"job #\d \(.*data.val_size=100000.*\) exited with status 1", result.stderr)
+    assert re.search(
+        r"#\d \(.*data.val_size=100000.*\): data: val_size=100000 must be below", result.stderr
+    )
 
     with (sweep_dir / "summary.csv").open() as f:
         rows = list(csv.DictReader(f))
@@ -75,7 +77,7 @@ def test_sweep_summary_has_failed_rows_and_seed_means(tmp_path, idx_data_dir):
         (float(r["val/acc_best"]) for r in completed), reverse=True
     )
     assert all(r["status"] == "failed" for r in failed)
-    assert all("data.val_size=100000 must be at least 0" in r["error"] for r in failed)
+    assert all("val_size=100000 must be below the 60000" in r["error"] for r in failed)
     assert {frozenset(r["overrides"].split()) for r in failed} == {
         frozenset({"seed=0", "data.val_size=100000"}),
         frozenset({"seed=1", "data.val_size=100000"}),
@@ -83,3 +85,36 @@ def test_sweep_summary_has_failed_rows_and_seed_means(tmp_path, idx_data_dir):
     assert mean["overrides"] == "data.val_size=100 (2 seeds)" and " ± " in mean["test/acc"]
     assert (sweep_dir / "summary.md").read_text().count("\n") == 2 + 5
     assert (sweep_dir / "plots" / "sweep.png").read_bytes().startswith(b"\x89PNG")
+
+
+ENTRY_POINT = """
+import sys
+
+import hydra
+
+
+@hydra.main(config_path="{conf}", config_name="train", version_base="1.3")
+def main(cfg):
+    if cfg.seed == 1:
+        sys.exit(3)
+
+
+main()
+"""
+
+
+@pytest.mark.slow
+def test_an_entry_point_of_your_own_fails_the_sweep_when_a_job_fails(tmp_path):
+    # Nothing but @hydra.main: the sweep summary callback of conf/hydra/ sets the exit status.
+    script = tmp_path / "my_entry.py"
+    script.write_text(ENTRY_POINT.format(conf=CONF))
+    sweep_dir = tmp_path / "sweep"
+    result = run_script(str(script), "-m", "seed=0,1", f"hydra.sweep.dir={sweep_dir}")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "error: 1 job(s) of the sweep failed:" in result.stderr
+    assert "#1 (seed=1): exited with status 3" in result.stderr
+    with (sweep_dir / "summary.csv").open() as f:
+        assert [(r["job"], r["status"]) for r in csv.DictReader(f)] == [
+            ("0", "completed"),
+            ("1", "failed"),
+        ]

@@ -12,8 +12,8 @@ import pytest
 import torch
 from helpers import ROOT, run_script, tiny_run_args
 
-from litforge.checkpointing import AtomicCheckpointIO, resume_path, run_dir
 from litforge.errors import UserError
+from litforge.resume import AtomicCheckpointIO, newest_loadable, run_dir
 
 # Dropout and random crops/flips: the resumed run must also restore the random generators.
 RESUMABLE = [
@@ -148,14 +148,14 @@ def test_a_broken_newest_checkpoint_is_skipped_and_named(tmp_path, caplog):
         {"state_dict": {}, "epoch": 1, "global_step": 8}, checkpoints / "epoch_001.ckpt"
     )
     (checkpoints / "last.ckpt").write_bytes(b"PK\x03\x04 cut off by a crash")  # newer
-    assert resume_path(checkpoints) == checkpoints / "epoch_001.ckpt"
+    assert newest_loadable(checkpoints) == checkpoints / "epoch_001.ckpt"
     assert "Skipping" in caplog.text and "last.ckpt" in caplog.text
     assert [p.name for p in checkpoints.iterdir() if "partial" in p.name] == []
 
 
 def test_no_checkpoint_to_resume_is_one_clear_error(tmp_path):
     with pytest.raises(UserError, match="ckpt_path=last: no checkpoint to resume in"):
-        resume_path(tmp_path / "checkpoints")
+        newest_loadable(tmp_path / "checkpoints")
 
 
 def test_ckpt_path_last_finds_the_newest_run_of_the_same_command(tmp_path):
@@ -166,13 +166,15 @@ def test_ckpt_path_last_finds_the_newest_run_of_the_same_command(tmp_path):
         (runs / name / ".hydra" / "overrides.yaml").write_text(f"- {overrides[0]}\n")
     (runs / "a" / "checkpoints" / "last.ckpt").write_bytes(b"x")  # c has none yet
     (runs / "b" / "checkpoints" / "last.ckpt").write_bytes(b"x")
-    assert run_dir(str(runs), "last", ["model=cnn", "ckpt_path=last"], "new") == str(runs / "a")
-    assert run_dir(str(runs), "last", ["model=mlp"], "new") == str(runs / "b")
-    assert run_dir(str(runs), "last", ["model=mlp", "seed=1"], "new") == str(runs / "new")
+    existing = {str(runs / name) for name in "abc"}
+    assert run_dir(str(runs), "last", ["model=cnn", "ckpt_path=last"]) == str(runs / "a")
+    assert run_dir(str(runs), "last", ["model=mlp"]) == str(runs / "b")
+    new = run_dir(str(runs), "last", ["model=mlp", "seed=1"])
+    assert new.startswith(str(runs)) and new not in existing
     # a checkpoint file of a run continues in that run; from elsewhere, in a new one
     ckpt = runs / "b" / "checkpoints" / "last.ckpt"
-    assert run_dir(str(runs), str(ckpt), [], "new") == str(runs / "b")
-    assert run_dir(str(runs), str(tmp_path / "x.ckpt"), [], "new") == str(runs / "new")
+    assert run_dir(str(runs), str(ckpt), []) == str(runs / "b")
+    assert run_dir(str(runs), str(tmp_path / "x.ckpt"), []) not in existing
 
 
 @pytest.mark.slow

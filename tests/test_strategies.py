@@ -13,8 +13,8 @@ import pytest
 import torch
 from helpers import ROOT, compose_config, free_port, run_script, tiny_run_args
 
+from litforge.checks import check_strategy
 from litforge.errors import UserError
-from litforge.strategies import check_strategy
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,9 @@
-"""`litforge.sweep_summary`: ranking, what varied, and mean ± std over seeds."""
+"""`hydra_plugins.litforge.sweep_summary`: ranking, what varied, and mean ± std over seeds."""
 
 import math
 from pathlib import Path
 
-from litforge.sweep_summary import JobResult, rows, write
+from hydra_plugins.litforge.sweep_summary import JobResult, rows, write
 
 
 def job(num, overrides, value=None, status="completed"):

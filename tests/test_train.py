@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import ROOT, compose_config, run_script
 
-from litforge.pipeline import optimized_metric, seed, train
+from litforge.pipeline import optimized_metric, start, train
 
 FAST = ["data=mnist", "data.val_size=100", "data.batch_size=64", "trainer.max_epochs=2"]
 
@@ -43,7 +43,7 @@ def test_curves_need_no_logger(tmp_path, idx_data_dir):
     train(cfg)
     history = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
     # every epoch with train and val statistics, kept in checkpoints for resumed runs' curves
-    [epochs] = [v["epochs"] for k, v in history["callbacks"].items() if "EpochHistory" in k]
+    [epochs] = [v["epochs"] for k, v in history["callbacks"].items() if "ClassificationPlots" in k]
     assert sorted(epochs) == [0, 1, 2]
     assert all(
         set(m) == {"train/loss", "train/acc", "val/loss", "val/acc"} for m in epochs.values()
@@ -69,7 +69,7 @@ def test_logged_hyperparameters_are_the_resolved_run_config(trained_run):
 @pytest.mark.parametrize("value", [0, 7])
 def test_any_seed_seeds_including_zero(tmp_path, value):
     cfg = compose_config("train", tmp_path, [f"seed={value}"])
-    seed(cfg)
+    start(cfg)
     assert torch.initial_seed() == value
 
 

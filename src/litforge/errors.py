@@ -32,6 +32,11 @@ class UserError(Exception):
     """A problem the user can fix (a missing file, a bad value). The message says what and how."""
 
 
+class JobFailed(Exception):
+    """The value of a sweep job that failed: its error line. (Here rather than with the Hydra
+    plugins, which Hydra may import twice, making two classes of one name.)"""
+
+
 def number_problem(
     name: str, value: object, *, integer: bool = False, minimum: float = 0, above: bool = False
 ) -> str | None:
@@ -113,7 +118,7 @@ def _instantiation_line(err: BaseException) -> str | None:
         return f"{where}cannot import _target_ {target} ({root}). Check its spelling."
     if not isinstance(root, (ValueError, TypeError)):
         return None
-    message = str(root).strip().splitlines()[0]
+    message = str(root).strip().splitlines()[0].rstrip(".")
     hint = ""
     unexpected = re.search(r"unexpected keyword argument '(\w+)'", message)
     if unexpected:

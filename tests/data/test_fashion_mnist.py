@@ -21,7 +21,7 @@ needs_fashion_mnist = pytest.mark.skipif(
 
 @needs_fashion_mnist
 def test_real_files_load_with_official_sizes(tmp_path):
-    dm = FashionMNISTDataModule(data_dir=str(DATA_DIR), download=False)
+    dm = FashionMNISTDataModule(root_dir=str(DATA_DIR), download=False)
     dm.setup()
     assert [len(dm.splits[s][1]) for s in ("train", "val", "test")] == [55000, 5000, 10000]
     assert dm.splits["test"][1].bincount().tolist() == [1000] * 10

@@ -56,19 +56,6 @@ def test_loader_normalizes_uint8_like_precomputed_floats():
         assert torch.allclose(a, b, atol=1e-6) and torch.equal(ya, yb)
 
 
-def test_drop_last_drops_the_partial_batch():
-    loader = TensorBatchLoader(
-        torch.zeros(10, 1, 2, 2),
-        torch.zeros(10),
-        4,
-        EpochShuffler(10, shuffle=True),
-        (0.0,),
-        (1.0,),
-        drop_last=True,
-    )
-    assert len(loader) == 2 and [len(y) for _, y in loader] == [4, 4]
-
-
 def test_random_crop_shifts_content_and_pads_with_black():
     x = torch.arange(2 * 8 * 8, dtype=torch.float32).view(1, 2, 8, 8).repeat(64, 1, 1, 1)
     augment = BatchAugment(crop_padding=2, horizontal_flip=False, black=[-1.0, -2.0])

@@ -12,7 +12,7 @@ def make(tmp_path, **kwargs):
     return MNISTDataModule(data_dir=str(tmp_path), system_dir=None, download=False, **kwargs)
 
 
-@pytest.mark.parametrize("loader", ["tensor", "torch"])
+@pytest.mark.parametrize("loader", ["whole_batch", "per_sample"])
 def test_splits_shapes_and_normalization(tmp_path, loader):
     write_idx_dataset(tmp_path / "mnist", n_train=300, n_test=50, gz=True)
     dm = make(tmp_path, batch_size=64, val_size=60, loader=loader)
@@ -22,7 +22,8 @@ def test_splits_shapes_and_normalization(tmp_path, loader):
     x, y = next(iter(dm.train_dataloader()))
     assert x.shape == (64, 1, 28, 28) and x.dtype == torch.float32
     assert y.dtype == torch.int64 and int(y.min()) >= 0 and int(y.max()) <= 9
-    assert dm.input_shape == (1, 28, 28) and dm.num_classes == 10
+    assert dm.model_arguments()["input_shape"] == (1, 28, 28)
+    assert dm.model_arguments()["num_classes"] == 10
     # normalized with MNIST's mean/std: a 0 pixel becomes -mean/std
     assert torch.isclose(x.min(), torch.tensor(-0.1307 / 0.3081), atol=1e-4)
     assert len(dm.train_dataloader()) == 4 and len(dm.test_dataloader()) == 1
@@ -30,7 +31,7 @@ def test_splits_shapes_and_normalization(tmp_path, loader):
 
 def test_both_loaders_give_the_same_evaluation_batches(tmp_path):
     write_idx_dataset(tmp_path / "mnist", n_train=200, n_test=70)
-    fast, classic = make(tmp_path, val_size=50), make(tmp_path, val_size=50, loader="torch")
+    fast, classic = make(tmp_path, val_size=50), make(tmp_path, val_size=50, loader="per_sample")
     fast.setup()
     classic.setup()
     for a, b in zip(fast.test_dataloader(), classic.test_dataloader(), strict=True):
@@ -57,7 +58,7 @@ def test_validation_split_is_seeded_and_disjoint(tmp_path):
 
 def test_val_size_larger_than_the_files_is_a_clear_error(tmp_path):
     write_idx_dataset(tmp_path / "mnist", n_train=100, n_test=20)
-    with pytest.raises(Exception, match=r"data.val_size=100 leaves no training data"):
+    with pytest.raises(Exception, match=r"val_size=100 leaves no training data"):
         make(tmp_path, val_size=100).setup()
 
 

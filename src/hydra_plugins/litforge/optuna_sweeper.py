@@ -44,7 +44,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from hydra_plugins.litforge import sweep_summary
-from litforge.errors import UserError
+from litforge.errors import JobFailed, UserError
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,7 @@ def _override_value(value: Any) -> str:
 
 class OptunaSweeper(Sweeper):
     writes_own_summary = True  # from the study, all trials; see sweep_summary.SweepSummary
+
     def __init__(
         self,
         study_name: str,
@@ -272,7 +273,7 @@ class OptunaSweeper(Sweeper):
 
         trial.set_user_attr("run_dir", str(job.working_dir))
         value = job._return_value if job.status.name == "COMPLETED" else None
-        if isinstance(value, sweep_summary.JobFailed):  # litforge's launcher: the error line
+        if isinstance(value, JobFailed):  # litforge's launcher: the error line
             trial.set_user_attr("error", str(value))
             value = None
         # Read back what the job itself wrote into the trial (OptunaPruning).

@@ -26,7 +26,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from hydra_plugins.litforge.sweep_summary import JobFailed
+from litforge.errors import JobFailed
 
 log = logging.getLogger(__name__)
 

@@ -27,6 +27,8 @@ from hydra.types import RunMode
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
+from litforge.errors import JobFailed
+
 
 @dataclass
 class JobResult:
@@ -135,10 +137,6 @@ def write(
     for row in table:
         printed.add_row(*(row[c] for c in [*dict.fromkeys(shown), "error"]))
     rich.print(printed)
-
-
-class JobFailed(Exception):
-    """The value of a job that failed: its error line, or its exit status and folder."""
 
 
 class SweepSummary(Callback):

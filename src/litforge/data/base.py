@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from litforge.data.loaders import BatchAugment, EpochShuffler, TensorBatchLoader
 from litforge.data.sources import DatasetSource, locate
-from litforge.errors import number_problem
+from litforge.errors import UserError, number_problem
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +175,8 @@ class InMemoryImageDataModule(L.LightningDataModule):
             n_val = self.hparams.val_size
             if n_val >= len(labels):
                 raise UserError(
-                    f"data.val_size={n_val} leaves no training data: {directory} holds "
-                    f"{len(labels)} training images. Use a smaller data.val_size."
+                    f"val_size={n_val} leaves no training data: {directory} holds "
+                    f"{len(labels)} training images. Use a smaller val_size."
                 )
             generator = torch.Generator().manual_seed(self.hparams.split_seed)
             order = torch.randperm(len(labels), generator=generator)

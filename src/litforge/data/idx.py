@@ -86,9 +86,9 @@ class IDXDataModule(InMemoryImageDataModule):
                 f"{label_path} has {labels.shape[0] if labels.ndim else 0} labels for "
                 f"{len(images)} images in {image_path}: the files do not belong together."
             )
-        if labels.numel() and int(labels.max()) >= self.num_classes:
+        if labels.numel() and int(labels.max()) >= len(self.class_names):
             raise IDXFormatError(
                 f"{label_path} has label {int(labels.max())}, the dataset has "
-                f"{self.num_classes} classes. Replace the file."
+                f"{len(self.class_names)} classes. Replace the file."
             )
         return images.unsqueeze(1).contiguous(), labels.long()
