@@ -56,8 +56,11 @@ def write_idx_dataset(directory: Path, n_train=600, n_test=200, gz=False) -> Pat
     return directory
 
 
-def compose_config(name: str, tmp_path: Path, overrides: list[str] = ()) -> DictConfig:
-    """Compose `conf/<name>.yaml` as `@hydra.main` would, with outputs under `tmp_path`."""
+def compose_config(
+    name: str, tmp_path: Path, overrides: list[str] = (), keep_hydra: bool = False
+) -> DictConfig:
+    """Compose `conf/<name>.yaml` as `@hydra.main` would, with outputs under `tmp_path`
+    (`keep_hydra`: with Hydra's own node, as a sweep composes it)."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(
             config_name=name,
@@ -74,8 +77,9 @@ def compose_config(name: str, tmp_path: Path, overrides: list[str] = ()) -> Dict
         cfg.hydra.runtime.cwd = str(ROOT)
         cfg.hydra.job.num = 0
     HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
+    if not keep_hydra:
+        with open_dict(cfg):
+            del cfg["hydra"]
     return cfg
 
 

@@ -54,10 +54,50 @@ def test_eval_without_checkpoint_says_what_to_add(tmp_path):
 
 
 @pytest.mark.slow
-def test_unknown_config_option_lists_the_choices(tmp_path):
-    result = run_script("train.py", "model=transformer", f"hydra.run.dir={tmp_path / 'run'}")
+@pytest.mark.parametrize(
+    ("override", "line"),
+    [
+        (
+            "model=resnet",
+            "error: model=resnet: no such option (conf/model/resnet.yaml). Choose "
+            "one of: cnn, mlp.",
+        ),
+        (
+            "trainer.max_epoch=3",
+            "error: trainer.max_epoch is not a setting of trainer: did you mean max_epochs",
+        ),
+        (
+            "+trainer.max_epoch=3",
+            "error: trainer: Trainer.__init__() got an unexpected keyword "
+            "argument 'max_epoch' (in lightning.pytorch.trainer.trainer.Trainer); did you mean "
+            "max_epochs",
+        ),
+        (
+            "model.net._target_=litforge.models.resnet.ResNet",
+            "error: model: cannot import "
+            "_target_ litforge.models.resnet.ResNet (No module named 'litforge.models.resnet').",
+        ),
+        (
+            "model.net.dropout=1.5",
+            "error: model: dropout probability has to be between 0 and 1, "
+            "but got 1.5 (in litforge.models.mlp.MLP)",
+        ),
+    ],
+)
+def test_hydra_level_mistakes_are_one_line(tmp_path, override, line):
+    result = run_script("train.py", override, f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 1
-    assert "Could not find 'model/transformer'" in result.stderr and "mlp" in result.stderr
+    errors = [text for text in result.stderr.splitlines() if text.strip()]
+    assert errors[-1].startswith(line), result.stderr[-2000:]
+    # nothing else from Hydra: no traceback, no "Error executing job", no HYDRA_FULL_ERROR hint
+    assert not any(word in result.stderr for word in ("Traceback", "Error executing", "HYDRA_"))
+
+
+@pytest.mark.slow
+def test_hydra_full_error_still_shows_the_traceback(tmp_path):
+    result = run_script("train.py", "model=resnet", env={"HYDRA_FULL_ERROR": "1"})
+    assert result.returncode == 1 and "Traceback" in result.stderr
+    assert "MissingConfigException" in result.stderr
 
 
 # Values checked before any data is read: the data dir below does not exist, so a check that

@@ -236,19 +236,48 @@ def test_simulated_slurm_job_runs_both_tasks_into_the_job_folder(tmp_path, idx_d
     assert runs == [f"slurm-{job_id}"]
 
 
-@pytest.mark.parametrize(
-    "name", sorted(p.stem for p in (ROOT / "conf" / "strategy").glob("*.yaml") if p.stem != "auto")
-)
+HOOKS = "torch.distributed.algorithms.ddp_comm_hooks"
+EXPECTED_STRATEGIES = {
+    # option: (class, settings read back from the built strategy)
+    "ddp": ("litforge.strategies.DDPStrategy", {"_start_method": "popen", "_ddp_comm_hook": None}),
+    "ddp_spawn": ("litforge.strategies.DDPStrategy", {"_start_method": "spawn"}),
+    "ddp_fork": ("litforge.strategies.DDPStrategy", {"_start_method": "fork"}),
+    "ddp_fp16": ("litforge.strategies.DDPStrategy", {"hook": "fp16_compress_hook"}),
+    "ddp_bf16": ("litforge.strategies.DDPStrategy", {"hook": "bf16_compress_hook"}),
+    "ddp_powersgd": ("litforge.strategies.DDPStrategy", {"hook": "powerSGD_hook", "rank": 1}),
+    "model_parallel": (
+        "litforge.strategies.ModelParallelStrategy",
+        {"_tensor_parallel_size": 1, "_data_parallel_size": "auto"},
+    ),
+    "fsdp": ("lightning.pytorch.strategies.fsdp.FSDPStrategy", {"sharding": "FULL_SHARD"}),
+}
+
+
+def test_every_strategy_option_is_listed_here():
+    options = {p.stem for p in (ROOT / "conf" / "strategy").glob("*.yaml")}
+    assert options == {"auto", *EXPECTED_STRATEGIES}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_STRATEGIES))
 def test_every_strategy_config_builds_its_strategy(tmp_path, name):
-    from hydra.utils import instantiate
+    from hydra.utils import get_class, instantiate
 
     strategy = instantiate(compose_config("train", tmp_path, [f"strategy={name}"]).strategy)
-    assert type(strategy).__name__.endswith("Strategy")
-    if name == "fsdp":  # layer classes become FSDP units
-        policy = strategy.kwargs["auto_wrap_policy"]
-        assert {torch.nn.Linear, torch.nn.Conv2d} <= set(policy._module_classes)
-    if name.startswith("ddp_") and name not in ("ddp_spawn", "ddp_fork"):
-        assert strategy._ddp_comm_hook is not None
+    cls, settings = EXPECTED_STRATEGIES[name]
+    assert type(strategy) is get_class(cls)
+    assert strategy._timeout.total_seconds() == 30 * 60  # a dead peer does not hang forever
+    for key, value in settings.items():
+        if key == "hook":
+            assert strategy._ddp_comm_hook.__name__ == value
+            assert strategy._ddp_comm_hook.__module__.startswith(HOOKS)
+        elif key == "rank":
+            assert strategy._ddp_comm_state.matrix_approximation_rank == value
+        elif key == "sharding":
+            assert strategy.sharding_strategy.name == value
+            policy = strategy.kwargs["auto_wrap_policy"]  # layer classes become FSDP units
+            assert {torch.nn.Linear, torch.nn.Conv2d} <= set(policy._module_classes)
+        else:
+            assert getattr(strategy, key) == value, key
 
 
 @pytest.mark.slow

@@ -1,11 +1,13 @@
 """`python train.py`: fit, test the best checkpoint, write the run dir (in-process and as a CLI)."""
 
+import gc
 import json
 
 import pytest
 import torch
 from helpers import ROOT, compose_config, run_script
 
+from litforge.errors import UserError
 from litforge.pipeline import optimized_metric, start, train
 
 FAST = ["data=mnist", "data.val_size=100", "data.batch_size=64", "trainer.max_epochs=2"]
@@ -29,6 +31,7 @@ def test_run_dir_holds_checkpoints_logs_and_metrics(trained_run):
     assert len(list((run_dir / "checkpoints").glob("epoch_*.ckpt"))) == 1  # the best
     assert (run_dir / "csv" / "metrics.csv").is_file()
     assert optimized_metric(cfg, metrics) == metrics["val/acc_best"]
+    assert gc.get_freeze_count() == 0, "objects frozen for training are handed back"
 
 
 def test_plots_are_pictures_of_the_run(trained_run):
@@ -100,14 +103,44 @@ def test_cli_run_then_eval_reproduces_the_test_metric(tmp_path, idx_data_dir):
     result = run_script(
         "eval.py",
         f"ckpt_path={best}",
-        "data=mnist",
+        # train.py's overrides, pasted: the model group is taken and left to the checkpoint
+        *FAST[:-1],
+        "model=mlp",
+        "trainer.max_epochs=1",
         f"paths.data_dir={idx_data_dir}",
         f"hydra.run.dir={eval_dir}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "model=... is not used: the checkpoint says what the model is" in result.stdout
     evaluated = json.loads((eval_dir / "metrics.json").read_text())
     assert evaluated["test/acc"] == trained["test/acc"]
     assert evaluated["test/loss"] == pytest.approx(trained["test/loss"], rel=1e-6)
+
+
+def test_train_false_tests_the_given_checkpoint(trained_run, tmp_path):
+    cfg, trained, run_dir = trained_run
+    best = next((run_dir / "checkpoints").glob("epoch_*.ckpt"))
+    cfg = compose_config(
+        "train",
+        tmp_path / "t",
+        [
+            *FAST,
+            "train=false",
+            f"ckpt_path={best}",
+            "logger=none",
+            f"paths.data_dir={cfg.data.root_dir}",
+        ],
+    )
+    tested = train(cfg)
+    assert tested["test/acc"] == trained["test/acc"]  # its weights, not untrained ones
+    assert json.loads((tmp_path / "t" / "run" / "metrics.json").read_text()) == tested
+    assert optimized_metric(cfg, tested) is None  # nothing trained: nothing to optimize
+
+
+def test_train_false_without_a_checkpoint_says_what_to_add(tmp_path):
+    cfg = compose_config("train", tmp_path, ["train=false"])
+    with pytest.raises(UserError, match="no checkpoint given: add ckpt_path="):
+        train(cfg)
 
 
 @pytest.mark.slow

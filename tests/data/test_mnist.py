@@ -69,3 +69,11 @@ def test_images_and_labels_of_different_counts_are_refused(tmp_path):
     (tmp_path / "mnist" / labels).write_bytes((tmp_path / "other" / labels).read_bytes())
     with pytest.raises(IDXFormatError, match=r"has 90 labels for 100 images .* do not belong"):
         make(tmp_path, val_size=10).setup()
+
+
+def test_the_run_logs_which_folder_its_data_came_from(tmp_path, caplog):
+    write_idx_dataset(tmp_path / "mine", n_train=100, n_test=20)  # the files themselves
+    dm = MNISTDataModule(data_dir=str(tmp_path / "mine"), download=False, val_size=10)
+    with caplog.at_level("INFO"):
+        dm.setup()
+    assert f"Data: mnist from {tmp_path / 'mine'}" in caplog.text

@@ -69,3 +69,24 @@ def test_no_source_lists_every_place_and_the_fixes(tmp_path, no_network):
 def test_download_disabled_is_said(tmp_path):
     with pytest.raises(DatasetNotFoundError, match=r"download: download disabled"):
         locate(MNIST, tmp_path, None, allow_download=False)
+
+
+def test_a_given_folder_holding_the_files_itself_is_used(tmp_path, no_network):
+    given, system_dir = tmp_path / "my_mnist", tmp_path / "system"
+    write_idx_dataset(given, n_train=10, n_test=10)
+    write_idx_dataset(system_dir / "mnist", n_train=10, n_test=10)
+    assert locate(MNIST, given, system_dir, given=True) == given
+    # ... or a <name>/ in it, as the search root has it
+    write_idx_dataset(tmp_path / "root" / "mnist", n_train=10, n_test=10)
+    assert locate(MNIST, tmp_path / "root", None, given=True) == tmp_path / "root" / "mnist"
+
+
+def test_a_given_folder_without_the_files_is_refused_never_swapped(tmp_path, no_network):
+    given, system_dir = tmp_path / "empty", tmp_path / "system"
+    given.mkdir()
+    write_idx_dataset(system_dir / "fashion-mnist", n_train=10, n_test=10)  # another copy
+    with pytest.raises(DatasetNotFoundError) as caught:
+        locate(FASHION_MNIST, given, system_dir, allow_download=False, given=True)
+    first, *rest = str(caught.value).splitlines()
+    assert first.startswith(f"dataset 'fashion_mnist' not found in the given folder {given}.")
+    assert not any(str(system_dir) in line for line in rest)
