@@ -219,3 +219,31 @@ class SendSignal(L.Callback):
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args):
         self._maybe_send(trainer, "test", batch_idx)
+
+
+class RecordPlacements(L.Callback):
+    """For model-parallel subprocess tests (`+callbacks.placements._target_=helpers.
+    RecordPlacements +callbacks.placements.path=...`, PYTHONPATH=tests): how rank 0 holds each
+    parameter of the network before any step (the sanity check's too), as JSON: per parameter
+    `{"placements": [...], "mesh": [dimension names]}` for a DTensor, null for a plain tensor."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        if not trainer.is_global_zero:
+            return
+        import json
+
+        from torch.distributed.tensor import DTensor
+
+        held = {}
+        for name, param in pl_module.net.named_parameters():
+            if isinstance(param, DTensor):
+                held[name] = {
+                    "placements": [str(p) for p in param.placements],
+                    "mesh": list(param.device_mesh.mesh_dim_names or []),
+                }
+            else:
+                held[name] = None
+        Path(self.path).write_text(json.dumps(held, indent=1))

@@ -1,21 +1,38 @@
-"""`strategy=model_parallel`: FSDP2 and tensor parallelism over CPU processes (gloo), both
-checkpoint formats, resuming from each, and single-device evaluation of the result."""
+"""`strategy=model_parallel`: FSDP2 and tensor parallelism over CPU processes (gloo): the
+parameters sharded as litforge/parallelize.py says, both checkpoint formats, resuming from each,
+and single-device evaluation of the result (a folder of shards read directly)."""
 
 import json
 import subprocess
-import sys
 
 import pytest
 import torch
-from helpers import free_port, run_script, tiny_run_args
+from helpers import ROOT, free_port, run_script, tiny_run_args
+
+from litforge.resume import read_checkpoint
 
 MP = ["strategy=model_parallel", "strategy.timeout.minutes=3"]
 
 
 def train(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    result = run_script("train.py", *args, env={"MASTER_PORT": str(free_port())}, timeout=timeout)
+    env = {"MASTER_PORT": str(free_port()), "PYTHONPATH": str(ROOT / "tests")}
+    result = run_script("train.py", *args, env=env, timeout=timeout)
     assert result.returncode == 0, result.stderr[-4000:]
     return result
+
+
+def recording_placements(path) -> list[str]:
+    """Overrides that make the run write how its parameters are held (helpers.RecordPlacements)."""
+    return [
+        "+callbacks.placements._target_=helpers.RecordPlacements",
+        f"+callbacks.placements.path={path}",
+    ]
+
+
+def placements(path) -> dict[str, tuple[list[str], list[str]] | None]:
+    """{parameter: (placements, mesh dimensions)}, None for a plain (unsharded) tensor."""
+    held = json.loads(path.read_text())
+    return {k: v and (v["placements"], v["mesh"]) for k, v in held.items()}
 
 
 def evaluate(ckpt, data_dir, out_dir) -> dict:
@@ -31,7 +48,7 @@ def evaluate(ckpt, data_dir, out_dir) -> dict:
 
 
 @pytest.mark.slow
-def test_fsdp2_sharded_checkpoints_consolidate_evaluate_and_resume(tmp_path, idx_data_dir):
+def test_fsdp2_shards_every_layer_its_folders_evaluate_directly_and_resume(tmp_path, idx_data_dir):
     run_dir = tmp_path / "run"
     args = tiny_run_args(
         idx_data_dir,
@@ -40,31 +57,28 @@ def test_fsdp2_sharded_checkpoints_consolidate_evaluate_and_resume(tmp_path, idx
         "trainer.devices=2",
         "trainer.precision=bf16-mixed",
         "trainer.gradient_clip_val=1.0",
+        *recording_placements(tmp_path / "placements.json"),
     )
     train(*args)
+    # every weight of the MLP sharded by rows over the two data-parallel processes
+    held = placements(tmp_path / "placements.json")
+    assert held and all(v == (["S(0)"], ["data_parallel"]) for v in held.values()), held
     last = run_dir / "checkpoints" / "last.ckpt"
     assert last.is_dir(), "save_distributed_checkpoint=true writes a folder of shards"
 
-    refused = run_script(
-        "eval.py",
-        f"ckpt_path={last}",
-        "data=mnist",
-        f"paths.data_dir={idx_data_dir}",
-        f"hydra.run.dir={tmp_path / 'e0'}",
-    )
-    assert refused.returncode == 1
-    assert "python -m lightning.fabric.utilities.consolidate_checkpoint" in refused.stderr
-
+    # The best checkpoint's folder of shards, read directly by both entry points that test
     best = next((run_dir / "checkpoints").glob("epoch_*.ckpt"))
-    subprocess.run(
-        [sys.executable, "-m", "lightning.fabric.utilities.consolidate_checkpoint", str(best)],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    evaluated = evaluate(f"{best}.consolidated", idx_data_dir, tmp_path / "e1")
+    assert best.is_dir()
     trained = json.loads((run_dir / "metrics.json").read_text())
+    evaluated = evaluate(best, idx_data_dir, tmp_path / "e1")
     assert evaluated["test/acc"] == pytest.approx(trained["test/acc"], abs=1e-6)
+    tested = run_script(
+        "train.py",
+        *tiny_run_args(idx_data_dir, tmp_path / "t", "train=false", f"ckpt_path={best}"),
+    )
+    assert tested.returncode == 0, tested.stderr[-3000:]
+    tested_metrics = json.loads((tmp_path / "t" / "metrics.json").read_text())
+    assert tested_metrics["test/acc"] == pytest.approx(trained["test/acc"], abs=1e-6)
 
     resumed_dir = tmp_path / "resumed"
     train(
@@ -78,18 +92,7 @@ def test_fsdp2_sharded_checkpoints_consolidate_evaluate_and_resume(tmp_path, idx
             "test=false",
         )
     )
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lightning.fabric.utilities.consolidate_checkpoint",
-            str(resumed_dir / "checkpoints" / "last.ckpt"),
-        ],
-        check=True,
-        timeout=120,
-        capture_output=True,
-    )
-    state = torch.load(resumed_dir / "checkpoints" / "last.ckpt.consolidated", weights_only=True)
+    state = read_checkpoint(resumed_dir / "checkpoints" / "last.ckpt")  # a folder of shards
     assert state["epoch"] == 1 and state["global_step"] == 2 * 5  # 500 images / (2 x 50) per step
 
 
@@ -106,7 +109,16 @@ def test_tensor_parallel_cnn_single_file_checkpoint_evaluates_and_resumes(tmp_pa
         "strategy.tensor_parallel_size=2",
         "strategy.save_distributed_checkpoint=false",
     ]
-    result = train(*tiny_run_args(idx_data_dir, run_dir, *common))
+    result = train(
+        *tiny_run_args(
+            idx_data_dir, run_dir, *common, *recording_placements(tmp_path / "placements.json")
+        )
+    )
+    # the head's two linear layers split as a column/row pair; the convolutions are not sharded
+    held = placements(tmp_path / "placements.json")
+    assert held["head.2.weight"] == (["S(0)"], ["tensor_parallel"])
+    assert held["head.5.weight"] == (["S(1)"], ["tensor_parallel"])
+    assert held["features.0.weight"] is None
     # tensor-parallel ranks share their data: one data-parallel replica
     assert (
         "Batch size: 50 per process x 1 data-parallel process(es)" in result.stdout + result.stderr
@@ -148,8 +160,16 @@ def test_two_by_two_mesh_on_four_processes(tmp_path, idx_data_dir):
             "trainer.limit_train_batches=2",
             "trainer.limit_val_batches=1",
             "trainer.limit_test_batches=1",
+            *recording_placements(tmp_path / "placements.json"),
         ),
         timeout=500,
     )
     assert "x 2 data-parallel process(es)" in result.stdout + result.stderr
+    # the trunk sharded over data_parallel; the head over both mesh dimensions: FSDP2 splits
+    # the tensor-parallel shards again (a strided shard of the same dimension)
+    held = placements(tmp_path / "placements.json")
+    assert held["features.0.weight"] == (["S(0)"], ["data_parallel"])
+    dp_head, tp_head = held["head.2.weight"][0]
+    assert dp_head.startswith("_S(0") and tp_head == "S(0)"
+    assert held["head.5.weight"] == (["S(0)", "S(1)"], ["data_parallel", "tensor_parallel"])
     assert (run_dir / "metrics.json").is_file()
