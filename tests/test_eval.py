@@ -1,6 +1,9 @@
 """`python eval.py ckpt_path=...`: test a checkpoint with the network stored in it."""
 
+import re
+
 import pytest
+import torch
 from helpers import compose_config
 
 from litforge.errors import UserError
@@ -63,3 +66,36 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path, ckpt, message):
     overrides = [] if ckpt is None else [f"ckpt_path={tmp_path / ckpt}"]
     with pytest.raises(UserError, match=message):
         evaluate(compose_config("eval", tmp_path, overrides))
+
+
+@pytest.mark.parametrize(
+    ("module_class", "message"),
+    [
+        (None, "does not name its LightningModule class"),
+        ("subprocess.Popen", "names subprocess.Popen, not a class of litforge: not loading it"),
+        ("litforge.data.mnist.MNISTDataModule", "which is not a LightningModule"),
+    ],
+)
+def test_only_this_packages_modules_are_rebuilt(tmp_path, idx_data_dir, module_class, message):
+    train(
+        compose_config(
+            "train",
+            tmp_path / "t",
+            [
+                "data=mnist",
+                "data.val_size=100",
+                "trainer.max_epochs=1",
+                "logger=none",
+                f"paths.data_dir={idx_data_dir}",
+            ],
+        )
+    )
+    checkpoint = torch.load(tmp_path / "t" / "run" / "checkpoints" / "last.ckpt")
+    assert checkpoint["module_class"] == "litforge.models.classifier.ClassificationModule"
+    checkpoint["module_class"] = module_class
+    path = tmp_path / "edited.ckpt"
+    torch.save(checkpoint, path)
+    overrides = ["data=mnist", f"ckpt_path={path}", f"paths.data_dir={idx_data_dir}"]
+    cfg = compose_config("eval", tmp_path / "e", overrides)
+    with pytest.raises(UserError, match=re.escape(message)):
+        evaluate(cfg)

@@ -35,7 +35,11 @@ def test_seed_groups_get_mean_and_sample_std():
     assert mean["val/loss"] == f"0.3000 ± {math.sqrt(0.02):.4f}"
 
 
-def test_files_are_written(tmp_path):
+def test_files_are_written_and_the_figure_freed(tmp_path):
+    import matplotlib.pyplot as plt
+
     write(tmp_path, [job(0, ["lr=1"], 0.5)], "val/loss", "min")
+    assert (tmp_path / "plots" / "sweep.png").read_bytes().startswith(b"\x89PNG")
+    assert plt.get_fignums() == []  # an Optuna search writes this after every trial
     assert (tmp_path / "summary.csv").read_text().splitlines()[0].startswith("job,overrides,status")
     assert "| 0 | lr=1 | completed |" in (tmp_path / "summary.md").read_text()
