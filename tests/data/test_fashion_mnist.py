@@ -48,7 +48,7 @@ def test_mlp_reaches_85_percent_on_the_real_test_set(tmp_path):
 @pytest.mark.slow
 def test_fast_path_costs_no_accuracy_against_the_classic_loader(tmp_path):
     accuracy = {}
-    for loader in ("tensor", "torch"):
+    for loader in ("whole_batch", "per_sample"):
         cfg = compose_config(
             tmp_path=tmp_path / loader,
             name="train",
@@ -63,4 +63,4 @@ def test_fast_path_costs_no_accuracy_against_the_classic_loader(tmp_path):
         )
         accuracy[loader] = train(cfg)["test/acc"]
     # Different random draws, same distribution: within run-to-run noise (~0.5%).
-    assert abs(accuracy["tensor"] - accuracy["torch"]) < 0.015, accuracy
+    assert abs(accuracy["whole_batch"] - accuracy["per_sample"]) < 0.015, accuracy
