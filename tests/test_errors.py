@@ -69,8 +69,7 @@ def test_eval_without_checkpoint_says_what_to_add(tmp_path):
         (
             "+trainer.max_epoch=3",
             "error: trainer: Trainer.__init__() got an unexpected keyword "
-            "argument 'max_epoch' (in lightning.pytorch.trainer.trainer.Trainer); did you mean "
-            "max_epochs",
+            "argument 'max_epoch'; did you mean max_epochs",
         ),
         (
             "model.net._target_=litforge.models.resnet.ResNet",

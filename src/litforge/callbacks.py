@@ -33,25 +33,21 @@ class RichProgressBar(_LightningRichProgressBar):
         super().__init__(refresh_rate=refresh_rate, **kwargs)
 
     def _due(self, batch_idx: int, total: int | float) -> bool:
-        return (batch_idx + 1) % self.refresh_rate == 0 or batch_idx + 1 >= total
+        return self.is_enabled and (
+            (batch_idx + 1) % self.refresh_rate == 0 or batch_idx + 1 >= total
+        )
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.is_enabled and self._due(batch_idx, self.total_train_batches):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._due(batch_idx, self.total_train_batches):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
-    def on_validation_batch_end(
-        self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
-    ) -> None:
-        if self.is_enabled and self._due(batch_idx, self.total_val_batches_current_dataloader):
-            super().on_validation_batch_end(
-                trainer, pl_module, outputs, batch, batch_idx, dataloader_idx
-            )
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args) -> None:
+        if self._due(batch_idx, self.total_val_batches_current_dataloader):
+            super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, *args)
 
-    def on_test_batch_end(
-        self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
-    ) -> None:
-        if self.is_enabled and self._due(batch_idx, self.total_test_batches_current_dataloader):
-            super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args) -> None:
+        if self._due(batch_idx, self.total_test_batches_current_dataloader):
+            super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, *args)
 
 
 class OptunaPruning(L.Callback):

@@ -1,14 +1,11 @@
 """Surviving a kill, and finding the checkpoint to continue from, top to bottom:
 
-1. Writing: `AtomicCheckpointIO` (`trainer.plugins`) writes each checkpoint beside its target,
-   flushed, then renamed over it; `LastCheckpoint` (callbacks) writes `last.ckpt` every epoch and
-   on SIGTERM; `ResumeState` (callbacks) adds the random generators and the LightningModule's class.
-2. Stopping: `stopped_by_sigterm` turns Lightning's SIGTERM stop into exit status 143.
+1. Writing: `AtomicCheckpointIO` (trainer.plugins), `LastCheckpoint` and `ResumeState` (callbacks).
+2. Stopping: `stopped_by_sigterm`, exit status 143.
 3. Finding: `run_dir` (the `${run_dir:...}` resolver of conf/hydra/default.yaml) sends
-   `ckpt_path=last` back into the folder of the run it continues; `newest_loadable` picks the
-   checkpoint there; `checked_checkpoint` checks that it fits the configured model and data.
-4. Reading: `read_checkpoint` loads a file or a folder of shards (model_parallel), safely
-   (`weights_only=True`); `load_module` rebuilds the LightningModule a checkpoint names.
+   `ckpt_path=last` back into the run it continues, `newest_loadable` picks its checkpoint,
+   `checked_checkpoint` checks that it fits the configured model and data.
+4. Reading: `read_checkpoint` (a file or a folder of shards, `weights_only=True`), `load_module`.
 """
 
 from __future__ import annotations
@@ -29,6 +26,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from omegaconf import OmegaConf
 
 from litforge.errors import UserError
 
@@ -38,8 +36,9 @@ log = logging.getLogger(__name__)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's writer stages the file in $TMPDIR, often another file system on clusters, so
-    its final move is a plain, interruptible copy (Lightning #21253, open; PR #21744)."""
+    """Each checkpoint written beside its target, flushed, then renamed over it: a kill mid-write
+    leaves the old one whole. (Lightning's writer stages it in $TMPDIR, often another file system
+    on clusters, and its final move is then a plain copy: Lightning #21253, open.)"""
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
@@ -173,13 +172,16 @@ def run_dir(runs_root: str, ckpt_path: str | None, overrides: Any = None) -> str
     `runs_root`, that run."""
     root = Path(runs_root)
     if ckpt_path == "last":
-        runs = [
-            run
+        command = _without_resume(overrides or [])
+        runs = {  # run: the time of its newest checkpoint
+            run: max(p.stat().st_mtime for p in run.glob("checkpoints/*.ckpt"))
             for run in (root.iterdir() if root.is_dir() else [])
-            if any(run.glob("checkpoints/*.ckpt")) and _same_command(run, list(overrides or []))
-        ]
+            if any(run.glob("checkpoints/*.ckpt"))
+            and (run / ".hydra" / "overrides.yaml").is_file()
+            and _without_resume(OmegaConf.load(run / ".hydra" / "overrides.yaml")) == command
+        }
         if runs:
-            return str(max(runs, key=_newest_checkpoint_time))
+            return str(max(runs, key=runs.__getitem__))
     elif ckpt_path:
         path = Path(ckpt_path).expanduser().resolve()
         if path.parent.name == "checkpoints" and path.parent.parent.parent == root.resolve():
@@ -187,21 +189,8 @@ def run_dir(runs_root: str, ckpt_path: str | None, overrides: Any = None) -> str
     return str(root / run_id())
 
 
-def _same_command(run: Path, overrides: list[str]) -> bool:
-    saved = run / ".hydra" / "overrides.yaml"
-    if not saved.is_file():
-        return False
-    from omegaconf import OmegaConf
-
-    return _without_resume(list(OmegaConf.load(saved))) == _without_resume(overrides)
-
-
-def _without_resume(overrides: list[str]) -> list[str]:
+def _without_resume(overrides) -> list[str]:
     return [o for o in overrides if not o.startswith(("ckpt_path=", "hydra.run.dir="))]
-
-
-def _newest_checkpoint_time(run: Path) -> float:
-    return max(p.stat().st_mtime for p in run.glob("checkpoints/*.ckpt"))
 
 
 def newest_loadable(checkpoint_dir: Path) -> Path:
@@ -210,21 +199,20 @@ def newest_loadable(checkpoint_dir: Path) -> Path:
         checkpoint_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True
     )
     for path in candidates:
-        if path.is_dir():  # model_parallel's folder of shards, whole once its .metadata exists
-            if (path / ".metadata").is_file():
-                log.info(f"Resuming from {path} (a folder of shards)")
-                return path
+        if path.is_dir() and not (path / ".metadata").is_file():  # written last: cut off
             log.warning(f"Skipping {path}: a folder of shards without .metadata (cut off)")
             continue
         try:
-            checkpoint = read_checkpoint(path)
+            checkpoint = {} if path.is_dir() else read_checkpoint(path)
         except UserError as err:
             log.warning(f"Skipping {path}: {err}")
             continue
-        log.info(
-            f"Resuming from {path} (epoch {checkpoint.get('epoch')}, "
-            f"step {checkpoint.get('global_step')})"
+        where = (
+            f"epoch {checkpoint['epoch']}, step {checkpoint['global_step']}"
+            if checkpoint
+            else "shards"
         )
+        log.info(f"Resuming from {path} ({where})")
         return path
     raise UserError(
         f"ckpt_path=last: no checkpoint to resume in {checkpoint_dir}. Run the same command "
@@ -289,22 +277,19 @@ def read_checkpoint(path: str | Path, key: str = "ckpt_path") -> dict[str, Any]:
     """The checkpoint in `path` (a file, or model_parallel's folder of shards put together in
     memory), or a UserError saying (for `key`) why it cannot be used."""
     path = Path(path).expanduser()
+    if not path.exists():
+        raise UserError(f"{key}={path}: no such file.")
+    if path.is_dir() and not (path / ".metadata").is_file():
+        raise UserError(f"{key}={path} is a folder but no checkpoint (no .metadata).")
     try:
         if path.is_dir():
-            if not (path / ".metadata").is_file():
-                raise UserError(f"{key}={path} is a folder but no checkpoint (no .metadata).")
             # Private, but torch has no public way to read shards into one state dict without a
             # process group (pytorch #125777, open).
             from lightning.fabric.utilities.load import _load_distributed_checkpoint
 
             checkpoint = _load_distributed_checkpoint(path)
-        elif path.is_file():
-            # mmap: tensors are read when used, so checking a large checkpoint costs little.
+        else:  # mmap: tensors are read when used, so checking a large checkpoint costs little
             checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        else:
-            raise UserError(f"{key}={path}: no such file.")
-    except UserError:
-        raise
     except Exception as err:  # torch.load raises many kinds on foreign bytes
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UserError(

@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import rich
-import rich.table
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
@@ -103,11 +101,7 @@ def write(
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(table)
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += [
-        "| " + " | ".join(row[c].replace("|", "\\|") for c in columns) + " |" for row in table
-    ]
-    (sweep_dir / "summary.md").write_text("\n".join(lines) + "\n")
+    (sweep_dir / "summary.md").write_text(_markdown(table, columns))
 
     if metric and any(metric in job.metrics for job in jobs):
         from litforge import plots
@@ -115,28 +109,21 @@ def write(
         scored = [job for job in jobs if metric in job.metrics]
         varying = _varying(jobs)
         labels = [f"#{job.num} {varying[job.num]}" for job in scored]
-        figure = plots.sweep(
-            labels,
-            [job.metrics[metric] for job in scored],
-            metric,
-            sweep_dir / "plots" / "sweep.png",
-        )
-        plots.close(figure)
+        values = [job.metrics[metric] for job in scored]
+        plots.close(plots.sweep(labels, values, metric, sweep_dir / "plots" / "sweep.png"))
 
-    if not show:
-        return
-    # The console gets the columns that decide; the files have them all.
-    shown = ["job", "overrides", "status"] + [
-        c for c in (metric, "test/acc") if c and c in columns and c not in ("job", "overrides")
+    if show:  # the columns that decide; the files have them all
+        shown = ["job", "overrides", "status", metric, "test/acc", "error"]
+        print(f"Sweep summary ({sweep_dir / 'summary.md'}):")
+        print(_markdown(table, [c for c in dict.fromkeys(shown) if c in columns]), end="")
+
+
+def _markdown(table: list[dict[str, str]], columns: list[str]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += [
+        "| " + " | ".join(row[c].replace("|", "\\|") for c in columns) + " |" for row in table
     ]
-    printed = rich.table.Table(
-        title=f"Sweep summary: {sweep_dir / 'summary.md'}", title_justify="left"
-    )
-    for column in [*dict.fromkeys(shown), "error"]:
-        printed.add_column(column, overflow="fold")
-    for row in table:
-        printed.add_row(*(row[c] for c in [*dict.fromkeys(shown), "error"]))
-    rich.print(printed)
+    return "\n".join(lines) + "\n"
 
 
 class SweepSummary(Callback):
