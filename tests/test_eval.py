@@ -35,19 +35,14 @@ def test_eval_reproduces_the_training_test_metrics(tmp_path, idx_data_dir):
     assert not (tmp_path / "e" / "run" / "plots" / "curves.png").exists()  # no epochs in eval
 
 
+def train_one_epoch(tmp_path, data_dir) -> None:
+    """An MLP run on the small MNIST files, into tmp_path/t/run."""
+    overrides = ["data=mnist", "data.val_size=100", "trainer.max_epochs=1", "logger=none"]
+    train(compose_config("train", tmp_path / "t", [*overrides, f"paths.data_dir={data_dir}"]))
+
+
 def test_checkpoint_of_another_dataset_is_refused(tmp_path, idx_data_dir):
-    train(
-        compose_config(
-            "train",
-            tmp_path / "t",
-            [
-                "data=mnist",
-                "data.val_size=100",
-                "trainer.max_epochs=1",
-                f"paths.data_dir={idx_data_dir}",
-            ],
-        )
-    )
+    train_one_epoch(tmp_path, idx_data_dir)
     last = tmp_path / "t" / "run" / "checkpoints" / "last.ckpt"
     cfg = compose_config(
         "eval",
@@ -77,19 +72,7 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path, ckpt, message):
     ],
 )
 def test_only_this_packages_modules_are_rebuilt(tmp_path, idx_data_dir, module_class, message):
-    train(
-        compose_config(
-            "train",
-            tmp_path / "t",
-            [
-                "data=mnist",
-                "data.val_size=100",
-                "trainer.max_epochs=1",
-                "logger=none",
-                f"paths.data_dir={idx_data_dir}",
-            ],
-        )
-    )
+    train_one_epoch(tmp_path, idx_data_dir)
     checkpoint = torch.load(tmp_path / "t" / "run" / "checkpoints" / "last.ckpt")
     assert checkpoint["module_class"] == "litforge.models.classifier.ClassificationModule"
     checkpoint["module_class"] = module_class
