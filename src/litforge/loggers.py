@@ -63,7 +63,8 @@ def previous_wandb_run(wandb_dir: Path) -> str | None:
 
 class CSVLogger(_LightningCSVLogger):
     """Lightning's CSV logger; a resumed run (`resume_from`: its ckpt_path) appends to the
-    metrics.csv of its folder, which Lightning's would delete."""
+    metrics.csv of its folder, which Lightning's deletes (by design since 2.2.1: Lightning
+    #19446)."""
 
     def __init__(self, *args: Any, resume_from: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
