@@ -113,6 +113,7 @@ def test_hydra_full_error_still_shows_the_traceback(tmp_path):
         ("data.val_size=-5", "data.val_size=-5 is out of range"),
         ("data.val_size=60000", "data: val_size=60000 must be below the 60000 training images"),
         ("trainer.max_epochs=ten", "trainer.max_epochs='ten' is not a number"),
+        ("optimized_metric_mode=maximum", "optimized_metric_mode=maximum is neither max nor min"),
     ],
 )
 def test_bad_config_values_are_refused_before_reading_data(tmp_path, override, message):
@@ -184,3 +185,17 @@ def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path, idx_data_dir, conten
     cfg = compose_config("eval", tmp_path, ["data=mnist", f"ckpt_path={path}"])
     with pytest.raises(UserError, match=re.escape(f"ckpt_path={path} {message}")):
         evaluate(cfg)
+
+
+def test_a_constructor_bug_is_not_taken_for_a_bad_setting():
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    from litforge.errors import one_line
+
+    with pytest.raises(InstantiationException) as bug:
+        instantiate({"_target_": "builtins.int", "_args_": [[1, 2]]})  # a TypeError inside
+    assert one_line(bug.value) is None  # shown with its traceback
+    with pytest.raises(InstantiationException) as typo:
+        instantiate({"_target_": "datetime.timedelta", "minuts": 1})
+    assert "invalid keyword argument" in one_line(typo.value)

@@ -66,7 +66,7 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path, ckpt, message):
 @pytest.mark.parametrize(
     ("module_class", "message"),
     [
-        (None, "does not name its LightningModule class"),
+        (None, "does not name its LightningModule class and arguments"),
         ("subprocess.Popen", "names subprocess.Popen, not a class of litforge: not loading it"),
         ("litforge.data.mnist.MNISTDataModule", "which is not a LightningModule"),
     ],
@@ -82,3 +82,13 @@ def test_only_this_packages_modules_are_rebuilt(tmp_path, idx_data_dir, module_c
     cfg = compose_config("eval", tmp_path / "e", overrides)
     with pytest.raises(UserError, match=re.escape(message)):
         evaluate(cfg)
+
+
+def test_a_checkpoint_without_its_class_loads_with_the_model_config(tmp_path, idx_data_dir):
+    train_one_epoch(tmp_path, idx_data_dir)
+    checkpoint = torch.load(tmp_path / "t" / "run" / "checkpoints" / "last.ckpt")
+    del checkpoint["module_class"]  # as written before litforge recorded it
+    path = tmp_path / "older.ckpt"
+    torch.save(checkpoint, path)
+    overrides = ["data=mnist", "model=mlp", f"ckpt_path={path}", f"paths.data_dir={idx_data_dir}"]
+    assert "test/acc" in evaluate(compose_config("eval", tmp_path / "e", overrides))

@@ -171,10 +171,14 @@ def test_ckpt_path_last_finds_the_newest_run_of_the_same_command(tmp_path):
     assert run_dir(str(runs), "last", ["model=mlp"]) == str(runs / "b")
     new = run_dir(str(runs), "last", ["model=mlp", "seed=1"])
     assert new.startswith(str(runs)) and new not in existing
-    # a checkpoint file of a run continues in that run; from elsewhere, in a new one
+    # a checkpoint file of a run of the same command continues in that run; from elsewhere, with
+    # other overrides, or when testing it without training (train=false), in a new one
     ckpt = runs / "b" / "checkpoints" / "last.ckpt"
-    assert run_dir(str(runs), str(ckpt), []) == str(runs / "b")
-    assert run_dir(str(runs), str(tmp_path / "x.ckpt"), []) not in existing
+    assert run_dir(str(runs), str(ckpt), ["model=mlp", f"ckpt_path={ckpt}"]) == str(runs / "b")
+    assert run_dir(str(runs), str(ckpt), ["model=mlp", "seed=1"]) not in existing
+    assert run_dir(str(runs), str(tmp_path / "x.ckpt"), ["model=mlp"]) not in existing
+    assert run_dir(str(runs), str(ckpt), ["model=mlp", "train=false"], False) not in existing
+    assert run_dir(str(runs), "last", ["model=mlp"], False) not in existing
 
 
 @pytest.mark.slow
@@ -196,3 +200,16 @@ def test_ckpt_path_last_goes_back_into_the_run_of_the_same_command(tmp_path, idx
     other = run_script("train.py", *command, "seed=7", "ckpt_path=last")
     assert other.returncode == 1
     assert "ckpt_path=last: no earlier run of this command" in other.stderr
+
+
+def test_a_folder_of_shards_resumes_only_under_a_sharding_strategy(tmp_path):
+    from litforge.resume import checked_checkpoint
+
+    folder = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    folder.mkdir(parents=True)
+    for name in (".metadata", "meta.pt"):
+        (folder / name).write_bytes(b"")
+    kept = checked_checkpoint(str(folder), str(tmp_path / "run"), None, None, True, sharded=True)
+    assert kept == (str(folder), None)  # the strategy reads it
+    with pytest.raises(UserError, match="training resumes from it with strategy=model_parallel"):
+        checked_checkpoint(str(folder), str(tmp_path / "run"), None, None, True, sharded=False)

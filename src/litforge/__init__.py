@@ -7,12 +7,12 @@ from omegaconf import OmegaConf
 __version__ = "0.1.0"
 
 
-def run_dir(runs_root: str, ckpt_path: str | None, overrides=None) -> str:
+def run_dir(runs_root: str, ckpt_path: str | None, overrides=None, fits=True) -> str:
     """`${run_dir:...}`: a new run's folder, or the run `ckpt_path` resumes (`resume.run_dir`).
     Imported when first resolved: `litforge.resume` needs torch and Lightning."""
     from litforge.resume import run_dir as resolve
 
-    return resolve(runs_root, ckpt_path, overrides)
+    return resolve(runs_root, ckpt_path, overrides, fits)
 
 
 # The resolvers the configs use. `${cwd:}`: the directory the run started in (Hydra's

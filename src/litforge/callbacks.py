@@ -104,7 +104,7 @@ class LogRunConfig(L.Callback):
         self.config = OmegaConf.to_container(OmegaConf.create(dict(run_config)), resolve=True)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        per_device = self.config["data"]["batch_size"]
+        per_device = self.config.get("data", {}).get("batch_size", 0)
         # Data-parallel replicas: processes that see different data (tensor parallel ranks
         # share theirs), times gradient accumulation.
         replicas = (trainer.distributed_sampler_kwargs or {}).get("num_replicas", 1)

@@ -32,6 +32,11 @@ def check_config(cfg: DictConfig, needs_checkpoint: bool = False) -> None:
             problem = number_problem(key, value, integer=integer, minimum=minimum, above=above)
             if problem:
                 raise UserError(f"{problem} Set {key}=...")
+    if cfg.get("optimized_metric_mode", "max") not in ("max", "min"):
+        raise UserError(
+            f"optimized_metric_mode={cfg.optimized_metric_mode} is neither max nor min. "
+            f"Set optimized_metric_mode=max (higher is better) or min."
+        )
     if needs_checkpoint and not cfg.get("ckpt_path"):
         raise UserError(
             "no checkpoint given: add ckpt_path=<file or folder>, e.g. "

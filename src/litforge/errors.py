@@ -13,9 +13,8 @@ import logging
 import os
 import re
 import sys
+import traceback
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 
 class UserError(Exception):
@@ -59,6 +58,7 @@ def one_line(err: BaseException) -> str | None:
         MissingConfigException,
         OverrideParseException,
     )
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
     chain, cause = _causes(err), err.__cause__
@@ -87,21 +87,30 @@ def one_line(err: BaseException) -> str | None:
         where = f"{key[1]}: " if key else ""
         target = ([t for e in chain for t in re.findall(r"target '([^']+)'", str(e))] or ["?"])[-1]
         root = chain[-1]
+        message = str(root).strip().splitlines()[0].rstrip(".")
         if isinstance(root, ImportError):
             return f"{where}cannot import _target_ {target} ({root}). Check its spelling."
-        if not isinstance(root, (ValueError, TypeError)):
+        # A constructor refusing a value, or a wrong argument name; other errors are bugs.
+        signature = isinstance(root, TypeError) and re.search(r"(keyword|positional) arg", message)
+        if not (signature or isinstance(root, (ValueError, MisconfigurationException))):
             return None
-        message = str(root).strip().splitlines()[0].rstrip(".")
         if unexpected := re.search(r"unexpected keyword argument '(\w+)'", message):
-            from hydra.utils import get_object
-
-            accepted = list(inspect.signature(get_object(target)).parameters)
+            accepted = _arguments(target)
             near = difflib.get_close_matches(unexpected[1], accepted, n=3)
             message += f"; did you mean {', '.join(near)}?" if near else f"; it takes {accepted}"
         return f"{where}{message} (in {target})"
     if isinstance(err, (HydraException, OmegaConfBaseException)):
         return str(err).strip().splitlines()[0]
     return None
+
+
+def _arguments(target: str) -> list[str]:
+    from hydra.utils import get_object
+
+    try:
+        return list(inspect.signature(get_object(target)).parameters)
+    except Exception:  # not importable or no signature: no names to suggest
+        return []
 
 
 def reported(task):
@@ -123,18 +132,33 @@ def reported(task):
         try:
             return task(cfg)
         except Exception as err:
-            if wanted == "1" or (line := one_line(err)) is None:
-                raise
-            log.debug("error", exc_info=True)  # the traceback, in the run's log file
+            if wanted == "1" or (line := one_line(err)) is None or _in_sweep():
+                raise  # in a sweep of Hydra's basic launcher: a failed job Hydra records
+            _to_log_files(f"error: {line}\n{traceback.format_exc()}")
             print(f"error: {line}", file=sys.stderr, flush=True)
             sys.exit(1)
 
     return run
 
 
-def _excepthook(kind: type[BaseException], err: BaseException, traceback: Any) -> None:
+def _in_sweep() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _to_log_files(text: str) -> None:
+    """The traceback, into the run's log file (<run dir>/train.log) and not onto the console."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.stream.write(text)
+            handler.flush()
+
+
+def _excepthook(kind: type[BaseException], err: BaseException, trace: Any) -> None:
     line = one_line(err) if isinstance(err, Exception) else None
     if line is None:
-        sys.__excepthook__(kind, err, traceback)
+        sys.__excepthook__(kind, err, trace)
     else:
         print(f"error: {line}", file=sys.stderr, flush=True)

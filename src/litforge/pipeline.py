@@ -142,11 +142,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
     datamodule = build_datamodule(cfg)
     model = build_model(cfg, datamodule)
     trainer = build_trainer(cfg)
-    ckpt_path = cfg.get("ckpt_path")
+    ckpt_path, checkpoint = cfg.get("ckpt_path"), None
     if ckpt_path:
-        dataset = datamodule.hparams.get("name")
-        ckpt_path = resume.checked_checkpoint(
-            ckpt_path, cfg.paths.output_dir, model, dataset, fitting=cfg.get("train")
+        ckpt_path, checkpoint = resume.checked_checkpoint(
+            ckpt_path,
+            cfg.paths.output_dir,
+            model,
+            datamodule.hparams.get("name"),
+            fitting=cfg.get("train"),
+            sharded=type(trainer.strategy).__name__ in ("ModelParallelStrategy", "FSDPStrategy"),
         )
 
     metrics: dict[str, float] = {}
@@ -163,11 +167,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
         # The best checkpoint: the one callback that watches a metric.
         monitors = [cb for cb in trainer.checkpoint_callbacks if getattr(cb, "monitor", None)]
         ckpt_path = monitors[0].best_model_path if monitors else None
-        if not ckpt_path:
+        if not ckpt_path and cfg.get("test"):
             log.warning("No checkpoint was saved (e.g. fast_dev_run): testing the final weights.")
-    elif ckpt_path:
+    elif checkpoint is not None:
         # Loaded here rather than by Lightning: a folder of shards then tests on any strategy.
-        model.load_state_dict(resume.read_checkpoint(ckpt_path)["state_dict"])
+        model.load_state_dict(checkpoint["state_dict"])
         ckpt_path = None
 
     if cfg.get("test"):
@@ -180,12 +184,13 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Test a checkpoint (a file or a folder of shards) on the test split, with the
     LightningModule, network and settings stored in it."""
     start(cfg)
-    if cfg.get("model"):
-        log.info("model=... is not used: the checkpoint says what the model is.")
     checkpoint = resume.read_checkpoint(cfg.ckpt_path)
+    configured = cfg.model._target_ if cfg.get("model") else None
+    if configured and checkpoint.get("module_class"):
+        log.info("model=... is not used: the checkpoint says what the model is.")
     datamodule = build_datamodule(cfg)
     resume.check_same_dataset(checkpoint, datamodule.hparams.get("name"), cfg.ckpt_path)
-    model = resume.load_module(checkpoint, cfg.ckpt_path)
+    model = resume.load_module(checkpoint, cfg.ckpt_path, default=configured)
     trainer = build_trainer(cfg)
     test(trainer, model, datamodule)
     return finish(cfg, trainer, _float_metrics(trainer))

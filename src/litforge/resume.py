@@ -165,32 +165,36 @@ def run_id() -> str:
     return datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
 
 
-def run_dir(runs_root: str, ckpt_path: str | None, overrides: Any = None) -> str:
-    """`${run_dir:<runs root>,${ckpt_path},${hydra.overrides.task}}`: `<runs_root>/<run id>` for a
-    new run. With `ckpt_path=last`, the newest run under `runs_root` started with the same
-    overrides (ckpt_path aside) that holds a checkpoint; with a checkpoint inside a run under
-    `runs_root`, that run."""
+def run_dir(runs_root: str, ckpt_path: str | None, overrides: Any = None, fits: Any = True) -> str:
+    """`${run_dir:<runs root>,${ckpt_path},${hydra.overrides.task},${train}}`: the folder of a
+    training run that continues an earlier run of the same command (the same overrides,
+    ckpt_path aside): with `ckpt_path=last` the newest such run that holds a checkpoint, with a
+    checkpoint file of such a run that run. Anything else: a new `<runs_root>/<run id>`."""
     root = Path(runs_root)
-    if ckpt_path == "last":
-        command = _without_resume(overrides or [])
-        runs = {  # run: the time of its newest checkpoint
-            run: max(p.stat().st_mtime for p in run.glob("checkpoints/*.ckpt"))
-            for run in (root.iterdir() if root.is_dir() else [])
-            if any(run.glob("checkpoints/*.ckpt"))
-            and (run / ".hydra" / "overrides.yaml").is_file()
-            and _without_resume(OmegaConf.load(run / ".hydra" / "overrides.yaml")) == command
-        }
-        if runs:
-            return str(max(runs, key=runs.__getitem__))
-    elif ckpt_path:
-        path = Path(ckpt_path).expanduser().resolve()
-        if path.parent.name == "checkpoints" and path.parent.parent.parent == root.resolve():
-            return str(path.parent.parent)
+    if fits and ckpt_path and root.is_dir():
+        command = _without_ckpt_path(overrides or [])
+        runs = [run for run in root.iterdir() if _command(run) == command]
+        if ckpt_path == "last":
+            newest = {
+                r: max((p.stat().st_mtime for p in r.glob("checkpoints/*.ckpt")), default=0)
+                for r in runs
+            }
+            if any(newest.values()):
+                return str(max(newest, key=newest.__getitem__))
+        elif (run := Path(ckpt_path).expanduser().resolve().parent.parent) in {
+            r.resolve() for r in runs
+        }:
+            return str(run)
     return str(root / run_id())
 
 
-def _without_resume(overrides) -> list[str]:
-    return [o for o in overrides if not o.startswith(("ckpt_path=", "hydra.run.dir="))]
+def _command(run: Path) -> list[str] | None:
+    saved = run / ".hydra" / "overrides.yaml"
+    return _without_ckpt_path(OmegaConf.load(saved)) if saved.is_file() else None
+
+
+def _without_ckpt_path(overrides) -> list[str]:
+    return [o for o in overrides if not o.startswith("ckpt_path=")]
 
 
 def newest_loadable(checkpoint_dir: Path) -> Path:
@@ -199,8 +203,8 @@ def newest_loadable(checkpoint_dir: Path) -> Path:
         checkpoint_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True
     )
     for path in candidates:
-        if path.is_dir() and not (path / ".metadata").is_file():  # written last: cut off
-            log.warning(f"Skipping {path}: a folder of shards without .metadata (cut off)")
+        if path.is_dir() and not _whole(path):
+            log.warning(f"Skipping {path}: a folder of shards cut off while written")
             continue
         try:
             checkpoint = {} if path.is_dir() else read_checkpoint(path)
@@ -221,11 +225,16 @@ def newest_loadable(checkpoint_dir: Path) -> Path:
 
 
 def checked_checkpoint(
-    ckpt_path: str, output_dir: str, model: L.LightningModule, dataset: str | None, fitting: bool
-) -> str:
-    """The checkpoint `ckpt_path` names (`last`: the newest of this run that loads), checked to
-    fit `model` and `dataset` before anything starts. A folder of shards to fit from is left to
-    the strategy, which reads and checks it."""
+    ckpt_path: str,
+    output_dir: str,
+    model: L.LightningModule,
+    dataset: str | None,
+    fitting: bool,
+    sharded: bool,
+) -> tuple[str, dict[str, Any] | None]:
+    """The checkpoint `ckpt_path` names (`last`: the newest of this run that loads), and its
+    contents, checked to fit `model` and `dataset` before anything starts. A folder of shards to
+    fit from is left to the (`sharded`) strategy, which reads and checks it."""
     if ckpt_path == "last":
         checkpoints = Path(output_dir) / "checkpoints"
         if not checkpoints.is_dir():  # ${run_dir:} found no earlier run of this command
@@ -236,11 +245,16 @@ def checked_checkpoint(
             )
         ckpt_path = str(newest_loadable(checkpoints))
     if fitting and Path(ckpt_path).is_dir():
-        return ckpt_path
+        if not sharded:
+            raise UserError(
+                f"{ckpt_path} is a folder of shards: training resumes from it with "
+                f"strategy=model_parallel at the size that wrote it (to test it: train=false)."
+            )
+        return ckpt_path, None
     checkpoint = read_checkpoint(ckpt_path)
     check_same_dataset(checkpoint, dataset, ckpt_path)
     check_same_shapes(checkpoint["state_dict"], model.state_dict(), ckpt_path)
-    return ckpt_path
+    return ckpt_path, checkpoint
 
 
 def check_same_dataset(checkpoint: dict[str, Any], dataset: str | None, ckpt_path: str) -> None:
@@ -273,14 +287,21 @@ def check_same_shapes(saved: dict[str, Any], current: dict[str, Any], ckpt_path:
 # --- 4. reading -------------------------------------------------------------------------------
 
 
-def read_checkpoint(path: str | Path, key: str = "ckpt_path") -> dict[str, Any]:
+def _whole(folder: Path) -> bool:
+    """A folder of shards is complete once Lightning has written meta.pt after torch's
+    .metadata; either may be missing after a kill. (It is rewritten in place: not atomic.)"""
+    return (folder / ".metadata").is_file() and (folder / "meta.pt").is_file()
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """The checkpoint in `path` (a file, or model_parallel's folder of shards put together in
-    memory), or a UserError saying (for `key`) why it cannot be used."""
+    memory), or a UserError saying why it cannot be used."""
+    key = "ckpt_path"
     path = Path(path).expanduser()
     if not path.exists():
         raise UserError(f"{key}={path}: no such file.")
-    if path.is_dir() and not (path / ".metadata").is_file():
-        raise UserError(f"{key}={path} is a folder but no checkpoint (no .metadata).")
+    if path.is_dir() and not _whole(path):
+        raise UserError(f"{key}={path} is a folder but no whole checkpoint of shards.")
     try:
         if path.is_dir():
             # Private, but torch has no public way to read shards into one state dict without a
@@ -304,18 +325,21 @@ def read_checkpoint(path: str | Path, key: str = "ckpt_path") -> dict[str, Any]:
     return checkpoint
 
 
-def load_module(checkpoint: dict[str, Any], ckpt_path: str) -> L.LightningModule:
-    """The LightningModule the checkpoint names (`module_class`), rebuilt from its saved
-    arguments with its weights. Only classes of this package are imported: a checkpoint must not
-    be able to run code of its choosing."""
+def load_module(
+    checkpoint: dict[str, Any], ckpt_path: str, default: str | None = None
+) -> L.LightningModule:
+    """The LightningModule the checkpoint names (`module_class`, else `default`), rebuilt from
+    its saved arguments with its weights. Only classes of this package are imported: a
+    checkpoint must not be able to run code of its choosing."""
     from hydra.utils import get_class
 
-    name = checkpoint.get("module_class")
+    name = checkpoint.get("module_class") or default
     package = __name__.split(".")[0]
-    if not name:
+    if not name or "hyper_parameters" not in checkpoint:
         raise UserError(
-            f"{ckpt_path} does not name its LightningModule class (written without "
-            f"callbacks.resume_state). Load it in Python with <YourModule>.load_from_checkpoint."
+            f"{ckpt_path} does not name its LightningModule class and arguments (an older "
+            f"checkpoint, or callbacks.resume_state was off): add model=<the model config it "
+            f"was trained with>."
         )
     if not name.startswith(f"{package}."):
         raise UserError(f"{ckpt_path} names {name}, not a class of {package}: not loading it.")
@@ -326,5 +350,6 @@ def load_module(checkpoint: dict[str, Any], ckpt_path: str) -> L.LightningModule
     if not issubclass(module_class, L.LightningModule):
         raise UserError(f"{ckpt_path} names {name}, which is not a LightningModule.")
     model = module_class(**checkpoint["hyper_parameters"])
+    check_same_shapes(checkpoint["state_dict"], model.state_dict(), ckpt_path)
     model.load_state_dict(checkpoint["state_dict"])
     return model

@@ -16,8 +16,8 @@ that crashes or returns NaN is told as FAIL and the search goes on. The study li
 the sweep folder (or `storage`); running the same command again opens the same study and runs
 the trials it still lacks (`n_trials` counts all finished trials of the study), so an
 interrupted search resumes and a larger `n_trials` extends it. Optuna's database is the source
-of truth: after each trial the sweep summary (`litforge.sweep_summary`) is rewritten from it,
-with `best.yaml` holding the best trial's parameters.
+of truth: after each trial the sweep summary (`sweep_summary.py` beside this file) is rewritten
+from it, with `best.yaml` holding the best trial's parameters.
 
 With a `pruner`, each job reports its monitored metric after every validation epoch
 (`litforge.callbacks.OptunaPruning`, listed in conf/hparams_search/) and stops early when the

@@ -7,8 +7,9 @@ group, ranks and ports of one job leak into the next. Here each job is
 process, so whatever its strategy does starts from nothing and ends with the process. Its
 result (the config's `optimized_metric`, for sweepers) is read back from `metrics.json`.
 
-Each job's end goes to Hydra's callbacks (the sweep summary among them), as Hydra's own launchers
-do. Selected in conf/hydra/default.yaml (`hydra/launcher: subprocess`).
+Each job's start and end go to Hydra's callbacks in this process (the sweep summary among them),
+as Hydra's own launchers do; the job's process runs them too, as a single run's. Selected in
+conf/hydra/default.yaml (`hydra/launcher: subprocess`).
 """
 
 import json
@@ -98,7 +99,8 @@ class SubprocessLauncher(Launcher):
             with open_dict(job_cfg):
                 job_cfg.hydra.job.id = f"{job_cfg.hydra.job.name}_{num}"
                 job_cfg.hydra.job.num = num
-            run_dir = Path(job_cfg.hydra.sweep.dir) / str(job_cfg.hydra.sweep.subdir)
+                run_dir = Path(job_cfg.hydra.sweep.dir) / str(job_cfg.hydra.sweep.subdir)
+                job_cfg.hydra.runtime.output_dir = str(run_dir)
             callbacks = self.hydra_context.callbacks
             callbacks.on_job_start(config=job_cfg, task_function=self.task_function)
             command = [

@@ -4,7 +4,8 @@ sweep folder as `summary.csv`, `summary.md` and `plots/sweep.png` after each job
 
 `SweepSummary` is the Hydra callback (conf/hydra/default.yaml) that collects the jobs, prints the
 summary when the sweep ends and, when a job failed, lists the failures and exits with status 1:
-any entry point gets that, whatever launcher ran the jobs.
+any entry point gets that, with litforge's launcher (the default) or Hydra's basic one. (A
+launcher that runs the jobs elsewhere, such as submitit, calls their callbacks there: no summary.)
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ class SweepSummary(Callback):
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if not self._active(config):
             return
-        run_dir = Path(job_return.working_dir or config.hydra.runtime.output_dir)
+        run_dir = Path(config.hydra.runtime.output_dir)  # working_dir is the cwd (chdir=false)
         failed = job_return.status == JobStatus.FAILED or isinstance(
             job_return._return_value, JobFailed
         )

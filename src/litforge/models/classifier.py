@@ -230,7 +230,7 @@ class ClassificationPlots(L.Callback):
             self._publish(trainer, plots.curves(self.epochs, path), path)
 
     def on_test_end(self, trainer: L.Trainer, pl_module: ClassificationModule) -> None:
-        matrix = pl_module.test_confusion_matrix
+        matrix = getattr(pl_module, "test_confusion_matrix", None)  # ClassificationModule's
         if trainer.is_global_zero and matrix is not None:
             names = pl_module.hparams.class_names or [str(i) for i in range(len(matrix))]
             path = self.dirpath / "confusion_matrix.png"
