@@ -6,9 +6,8 @@ and thread count. Needs Fashion-MNIST (`make data`).
     python benchmarks/epoch_time.py --models mlp --epochs 5 --extras
 
 An epoch is one pass over the 55k training images plus one over the 5k validation images; the
-first (warm-up) epoch is not counted. `--extras` adds rows for the classic DataLoader path
-(`data.loader=per_sample`) and `model.compile=true`, and the time from `python train.py` to the end
-of a one-step run.
+first (warm-up) epoch is not counted. `--extras` adds a row for `model.compile=true`, and the time
+from `python train.py` to the end of a one-step run. (Loading image files: `data_loading.py`.)
 """
 
 from __future__ import annotations
@@ -138,7 +137,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs, after one warm-up")
     parser.add_argument("--rounds", type=int, default=2, help="alternations of loop and template")
     parser.add_argument(
-        "--extras", action="store_true", help="also loader=per_sample, compile, start-up"
+        "--extras", action="store_true", help="also compile, start-up"
     )
     parser.add_argument(
         "overrides", nargs="*", help="config overrides for both, e.g. data.batch_size=256"
@@ -153,10 +152,9 @@ def main() -> None:
     )
     rows = []
     for model in args.models:
-        runs = [("litforge (data.loader=whole_batch)", args.overrides)]
+        runs = [("litforge", args.overrides)]
         if args.extras:
             runs += [
-                ("litforge, data.loader=per_sample", [*args.overrides, "data.loader=per_sample"]),
                 ("litforge, model.compile=true", [*args.overrides, "model.compile=true"]),
             ]
         # Alternate the loop and the template for `--rounds` rounds and pool each one's epochs:

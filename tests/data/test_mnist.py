@@ -12,10 +12,9 @@ def make(tmp_path, **kwargs):
     return MNISTDataModule(data_dir=str(tmp_path), system_dir=None, download=False, **kwargs)
 
 
-@pytest.mark.parametrize("loader", ["whole_batch", "per_sample"])
-def test_splits_shapes_and_normalization(tmp_path, loader):
+def test_splits_shapes_and_normalization(tmp_path):
     write_idx_dataset(tmp_path / "mnist", n_train=300, n_test=50, gz=True)
-    dm = make(tmp_path, batch_size=64, val_size=60, loader=loader)
+    dm = make(tmp_path, batch_size=64, val_size=60)
     dm.prepare_data()
     dm.setup()
     assert [len(dm.splits[s][1]) for s in ("train", "val", "test")] == [240, 60, 50]
@@ -27,15 +26,6 @@ def test_splits_shapes_and_normalization(tmp_path, loader):
     # normalized with MNIST's mean/std: a 0 pixel becomes -mean/std
     assert torch.isclose(x.min(), torch.tensor(-0.1307 / 0.3081), atol=1e-4)
     assert len(dm.train_dataloader()) == 4 and len(dm.test_dataloader()) == 1
-
-
-def test_both_loaders_give_the_same_evaluation_batches(tmp_path):
-    write_idx_dataset(tmp_path / "mnist", n_train=200, n_test=70)
-    fast, classic = make(tmp_path, val_size=50), make(tmp_path, val_size=50, loader="per_sample")
-    fast.setup()
-    classic.setup()
-    for a, b in zip(fast.test_dataloader(), classic.test_dataloader(), strict=True):
-        assert torch.allclose(a[0], b[0], atol=1e-6) and torch.equal(a[1], b[1])
 
 
 def test_validation_split_is_seeded_and_disjoint(tmp_path):

@@ -3,12 +3,9 @@
 Subclasses say how to read their files (`load_split`) and what the data is (`source`,
 `input_shape`, `class_names`, `mean`, `std`); this class does the rest the same way for all of
 them: find or download the files once, decode them once into uint8 tensors (cached in the data
-dir), carve a seeded validation split, and serve batches in one of two ways:
-
-- `loader="whole_batch"` (default): `TensorBatchLoader`, batches gathered from tensors on the
-  training device; normalization, augmentation and shuffling on whole batches. No workers.
-- `loader="per_sample"`: a classic `DataLoader` with per-sample torchvision transforms, the path
-  to copy for datasets that do not fit in memory.
+dir), carve a seeded validation split, and serve batches with `TensorBatchLoader`: gathered from
+tensors on the training device, normalized, augmented and shuffled as whole batches, no workers.
+(For data that does not fit in memory, `image_folder.py` is the path to copy.)
 
 `model_arguments()` is what the model is built with (input shape, classes, class names).
 """
@@ -21,8 +18,6 @@ from typing import ClassVar
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
-
 from litforge.data.loaders import BatchAugment, EpochShuffler, TensorBatchLoader
 from litforge.data.sources import DatasetSource, locate
 from litforge.errors import UserError, number_problem
@@ -31,7 +26,6 @@ log = logging.getLogger(__name__)
 
 CACHE_FORMAT = 1  # bump when the cached tensors change meaning
 CACHE = "decoded-uint8.pt"
-LOADERS = ("whole_batch", "per_sample")
 
 
 class InMemoryImageDataModule(L.LightningDataModule):
@@ -51,19 +45,15 @@ class InMemoryImageDataModule(L.LightningDataModule):
         batch_size: int = 128,
         val_size: int = 5000,
         split_seed: int = 0,
-        loader: str = "whole_batch",
         crop_padding: int = 0,
         horizontal_flip: bool = False,
         cache: bool = True,
-        num_workers: int = 0,
-        pin_memory: bool = False,
     ) -> None:
         super().__init__()
         for problem in (
             number_problem("batch_size", batch_size, integer=True, minimum=1),
             number_problem("val_size", val_size, integer=True, minimum=0),
             number_problem("crop_padding", crop_padding, integer=True, minimum=0),
-            number_problem("num_workers", num_workers, integer=True, minimum=0),
         ):
             if problem:
                 raise ValueError(problem)
@@ -72,8 +62,6 @@ class InMemoryImageDataModule(L.LightningDataModule):
                 f"val_size={val_size} must be below the {self.num_train_images} training images "
                 f"of {self.source.name}."
             )
-        if loader not in LOADERS:
-            raise ValueError(f"loader={loader!r} is not one of: {', '.join(LOADERS)}.")
         # Plain values only: they go into checkpoints, which must load with weights_only=True.
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.save_hyperparameters({"name": self.source.name, **arguments})
@@ -198,15 +186,6 @@ class InMemoryImageDataModule(L.LightningDataModule):
     def _loader(self, split: str, train: bool):
         hp = self.hparams
         images, labels = self.splits[split]
-        if hp.loader == "per_sample":
-            return DataLoader(
-                TransformedImages(images, labels, self._transform(train)),
-                batch_size=hp.batch_size,
-                shuffle=train,
-                num_workers=hp.num_workers,
-                pin_memory=hp.pin_memory,
-                persistent_workers=hp.num_workers > 0,
-            )
         device = self.device
         if device.type == "cpu":
             images = self._normalize(images)  # once, instead of once per batch
@@ -228,17 +207,6 @@ class InMemoryImageDataModule(L.LightningDataModule):
         std = torch.tensor(self.std).view(1, -1, 1, 1)
         return images.float().div_(255).sub_(mean).div_(std)  # in place: one full-size copy
 
-    def _transform(self, train: bool):
-        from torchvision.transforms import v2
-
-        steps = []
-        if train and self.hparams.crop_padding > 0:
-            steps.append(v2.RandomCrop(self.input_shape[1:], padding=self.hparams.crop_padding))
-        if train and self.hparams.horizontal_flip:
-            steps.append(v2.RandomHorizontalFlip())
-        steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std)]
-        return v2.Compose(steps)
-
     def train_dataloader(self):
         return self._loader("train", train=True)
 
@@ -248,15 +216,3 @@ class InMemoryImageDataModule(L.LightningDataModule):
     def test_dataloader(self):
         return self._loader("test", train=False)
 
-
-class TransformedImages(Dataset):
-    """uint8 images with a per-sample transform: the classic `data.loader=per_sample` path."""
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform) -> None:
-        self.images, self.labels, self.transform = images, labels, transform
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.transform(self.images[index]), self.labels[index]

@@ -29,6 +29,9 @@ class EpochShuffler:
     `num_replicas` processes gets the same number of samples; process `rank` takes every
     `num_replicas`-th index. `pad=False` leaves the shards uneven instead (evaluation: no sample is
     counted twice). Lightning calls `set_epoch` before each epoch, resumed runs included.
+
+    `weights` (one per sample): draw the epoch's `num_samples` indices with replacement, in
+    proportion to them (a class-balanced sampler gives each sample 1 / its class's count).
     """
 
     def __init__(
@@ -39,8 +42,10 @@ class EpochShuffler:
         rank: int = 0,
         pad: bool = True,
         seed: int | None = None,
+        weights: torch.Tensor | None = None,
     ) -> None:
         self.num_samples, self.shuffle, self.pad = num_samples, shuffle, pad
+        self.weights = weights
         self.num_replicas, self.rank = num_replicas, rank
         self.seed = global_seed() if seed is None else seed
         self.epoch = 0
@@ -54,7 +59,10 @@ class EpochShuffler:
         return len(range(self.rank, self.num_samples, self.num_replicas))
 
     def indices(self) -> torch.Tensor:
-        if self.shuffle:
+        if self.weights is not None:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.multinomial(self.weights, self.num_samples, True, generator=generator)
+        elif self.shuffle:
             generator = torch.Generator().manual_seed(self.seed + self.epoch)
             order = torch.randperm(self.num_samples, generator=generator)
         else:

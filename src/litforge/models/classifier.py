@@ -38,7 +38,8 @@ class ClassificationModule(L.LightningModule):
     `ClassificationModule.load_from_checkpoint(path, weights_only=True)` rebuilds the model
     without Hydra, on torch >= 2.6 too: no module or function is pickled.
 
-    Logged: `{train,val,test}/loss`, `/acc`, `val|test/f1` (macro), `val/acc_best`.
+    Logged: `{train,val,test}/loss`, `/acc`, `val|test/f1` (macro), `val|test/acc_balanced`
+    (the mean of the per-class recalls, for imbalanced classes), `val/acc_best`.
     """
 
     def __init__(
@@ -51,6 +52,7 @@ class ClassificationModule(L.LightningModule):
         class_names: Sequence[str] | None = None,
         channels_last: bool = False,
         compile: bool = False,
+        class_weights: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
         for problem in (
@@ -71,6 +73,8 @@ class ClassificationModule(L.LightningModule):
                 # Changes the numerics slightly (other conv kernels): kept, so that a loaded
                 # checkpoint computes exactly what the training run computed.
                 "channels_last": bool(channels_last),
+                # `data.balance=loss`: the training loss weighs each class by these.
+                "class_weights": list(class_weights) if class_weights is not None else None,
             },
             logger=False,  # the pipeline logs the whole resolved run config instead
         )
@@ -78,12 +82,15 @@ class ClassificationModule(L.LightningModule):
         # checkpoint from a compiled run loads into an eager one and the other way round.
         self.compile_net = compile
         self.net = instantiate(self.hparams.net, input_shape=input_shape, num_classes=num_classes)
+        weights = torch.tensor(class_weights, dtype=torch.float32) if class_weights else None
+        self.register_buffer("class_weights", weights, persistent=False)
 
         def metrics(prefix: str) -> MetricCollection:
             return MetricCollection(
                 {
                     "acc": MulticlassAccuracy(num_classes, average="micro"),
                     "f1": MulticlassF1Score(num_classes, average="macro"),
+                    "acc_balanced": MulticlassAccuracy(num_classes, average="macro"),
                 },
                 prefix=prefix,
             )
@@ -120,7 +127,8 @@ class ClassificationModule(L.LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int):
         x, y = batch
         logits = self(x)
-        loss = F.cross_entropy(logits, y)
+        # Validation and test losses stay unweighted: comparable with and without balancing.
+        loss = F.cross_entropy(logits, y, weight=self.class_weights)
         # Epoch statistics as running sums: `self.log` costs ~1 ms a call on a CPU, a metric
         # object's update ~0.8 ms; these additions cost microseconds.
         with torch.no_grad():

@@ -1,0 +1,440 @@
+"""Your own images: `data=image_folder data.root=DIR`.
+
+    DIR/train/<class>/<image>     required; class names are the folder names, sorted
+    DIR/val/<class>/<image>       optional: else carved from train (stratified, seeded)
+    DIR/test/<class>/<image>      optional: likewise
+
+Nothing is held in memory but the file list: worker processes read and decode a batch's files
+each epoch (`images.SampleTransform`), batches travel as uint8 and are normalized on the training
+device. So this is also the path to copy for data that does not fit in memory; for data that does
+not fit on one disk, see `streaming.py`.
+
+Everything that can be wrong with the folder (no such folder, no images, an empty class folder, a
+split naming a class the training split lacks) stops the run in `inspect()`, before the model is
+built. A file that does not decode stops it when met, naming the file (`on_bad_file="error"`), or
+is left out of its batch and counted (`"skip"`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from litforge.data.images import (
+    BALANCES,
+    IMAGE_SUFFIXES,
+    BadImageError,
+    ImageDataModule,
+    SampleTransform,
+    channel_stats,
+    decode,
+    fit,
+)
+from litforge.data.loaders import EpochShuffler, global_seed
+from litforge.errors import UserError, number_problem
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "val", "test")
+STATS_FILE = ".litforge-stats.json"
+STATS_FORMAT = 1
+ON_BAD_FILE = ("error", "skip")
+
+Files = dict[str, list[Path]]  # class name -> image files
+
+
+def is_image(entry: os.DirEntry) -> bool:
+    return entry.is_file() and entry.name.lower().endswith(IMAGE_SUFFIXES)
+
+
+def scan_split(folder: Path) -> Files:
+    """`folder/<class>/<image>` as {class: sorted files}; an error for a class folder without
+    images and for images outside class folders."""
+    files: Files = {}
+    with os.scandir(folder) as entries:
+        entries = sorted(entries, key=lambda e: e.name)
+    stray = [e.name for e in entries if is_image(e)]
+    if stray:
+        raise UserError(
+            f"{folder} holds images outside class folders ({stray[0]}, ...): put each image "
+            f"into {folder}/<class name>/."
+        )
+    for entry in entries:
+        if not entry.is_dir() or entry.name.startswith("."):
+            continue
+        with os.scandir(entry.path) as images:
+            found = sorted(Path(e.path) for e in images if is_image(e))
+        if not found:
+            raise UserError(
+                f"class folder {entry.path} holds no images ({', '.join(IMAGE_SUFFIXES)}): add "
+                f"images or remove the folder."
+            )
+        files[entry.name] = found
+    return files
+
+
+def scan(root: Path) -> dict[str, Files]:
+    """Every split folder under `root`, checked: a train split with images, and no class in
+    val/test that train lacks."""
+    if not root.is_dir():
+        raise UserError(
+            f"data.root={root} is no folder. Point it at a folder holding "
+            f"train/<class>/<image> files."
+        )
+    if not (root / "train").is_dir():
+        raise UserError(
+            f"data.root={root} has no train/ folder: expected {root}/train/<class>/<image> "
+            f"(and optionally val/ and test/ alike)."
+        )
+    splits = {s: scan_split(root / s) for s in SPLITS if (root / s).is_dir()}
+    if not splits["train"]:
+        raise UserError(
+            f"data.root={root} holds no images: expected {root}/train/<class>/<image> with "
+            f"images ending in {', '.join(IMAGE_SUFFIXES)}."
+        )
+    for split, files in splits.items():
+        unknown = sorted(set(files) - set(splits["train"]))
+        if unknown:
+            raise UserError(
+                f"{root / split} has classes the train split lacks: {', '.join(unknown)}. "
+                f"Add their images to {root / 'train'} or remove them from {root / split}."
+            )
+    return splits
+
+
+def carve(files: Files, fractions: dict[str, float], seed: int) -> dict[str, Files]:
+    """Split each class's files at random (seeded) into train and the splits in `fractions`
+    ({"val": 0.1}): every class keeps its share in every split (stratified)."""
+    generator = torch.Generator().manual_seed(seed)
+    carved: dict[str, Files] = {"train": {}, **{split: {} for split in fractions}}
+    for name, paths in files.items():
+        order = torch.randperm(len(paths), generator=generator).tolist()
+        start = 0
+        for split, fraction in fractions.items():
+            n = round(fraction * len(paths))
+            carved[split][name] = [paths[i] for i in sorted(order[start : start + n])]
+            start += n
+        carved["train"][name] = [paths[i] for i in sorted(order[start:])]
+    return carved
+
+
+class ImageFiles(Dataset):
+    """Image files with labels. A batch is fetched at once (`__getitems__`, given
+    `(epoch, indices)`): uint8 images N×C×S×S, int64 labels, and the files that did not decode."""
+
+    def __init__(self, paths: list[Path], labels: list[int], transform: SampleTransform) -> None:
+        self.paths, self.labels, self.transform = paths, labels, transform
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitems__(self, batch: tuple[int, list[int]]):
+        epoch, indices = batch
+        images, labels, bad = [], [], []
+        for index in indices:
+            path = self.paths[index]
+            try:
+                images.append(self.transform(path.read_bytes(), index, epoch))
+            except (BadImageError, OSError) as err:
+                bad.append(f"{path} ({err})")
+                continue
+            labels.append(self.labels[index])
+        if not images:
+            return None, None, bad
+        return torch.stack(images), torch.tensor(labels), bad
+
+
+def _as_is(batch):
+    return batch  # `__getitems__` returns whole batches already
+
+
+class _EpochBatches:
+    """The batch sampler: this epoch's indices for this process in batches, from batch `skip`."""
+
+    def __init__(self, sampler: EpochShuffler, batch_size: int) -> None:
+        self.sampler, self.batch_size, self.skip = sampler, batch_size, 0
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.sampler) / self.batch_size) - self.skip
+
+    def __iter__(self) -> Iterator[tuple[int, list[int]]]:
+        indices = self.sampler.indices().tolist()
+        for start in range(self.skip * self.batch_size, len(indices), self.batch_size):
+            yield self.sampler.epoch, indices[start : start + self.batch_size]
+
+
+class FileBatchLoader:
+    """Batches of decoded files for Lightning: a `DataLoader` over `ImageFiles`, with the index
+    order of `EpochShuffler` (DistributedSampler semantics, set_epoch) and a state that resumes
+    mid-epoch at the next batch."""
+
+    batch_sampler = None  # Lightning calls `sampler.set_epoch`; this is no `DataLoader` to rewrap
+
+    def __init__(
+        self,
+        dataset: ImageFiles,
+        sampler: EpochShuffler,
+        batch_size: int,
+        num_workers: int,
+        pin_memory: bool,
+        on_bad_file: str,
+    ) -> None:
+        self.sampler, self.on_bad_file = sampler, on_bad_file
+        self._batches = _EpochBatches(sampler, batch_size)
+        self._loader = DataLoader(
+            dataset,
+            batch_sampler=self._batches,
+            collate_fn=_as_is,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            persistent_workers=num_workers > 0,
+        )
+        self.skipped = 0  # files that did not decode, this epoch
+        self._handed_out = 0
+        self._resume: dict[str, int] | None = None
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.sampler.epoch, "batches": self._handed_out}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        self._resume = dict(state_dict)
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.sampler) / self._batches.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        skip = 0
+        if self._resume is not None and self._resume["epoch"] == self.sampler.epoch:
+            skip = self._resume["batches"]
+        self._resume = None
+        self._batches.skip = self._handed_out = skip
+        self.skipped = 0
+        for images, labels, bad in self._loader:
+            if bad and self.on_bad_file == "error":
+                raise UserError(
+                    f"cannot decode {bad[0]}: fix or remove the file, or set "
+                    f"data.on_bad_file=skip to leave such files out."
+                )
+            self.skipped += len(bad)
+            self._handed_out += 1
+            if images is not None:  # a batch of nothing but bad files is left out
+                yield images, labels
+        if self.skipped:
+            log.warning(f"Left out {self.skipped} files that did not decode (data.on_bad_file=skip).")
+
+
+class ImageFolderDataModule(ImageDataModule):
+    """Train, validate and test on `root/<split>/<class>/<image>` files (see the module doc)."""
+
+    def __init__(
+        self,
+        root: str,
+        image_size: int | None = None,
+        channels: int | None = None,
+        batch_size: int = 64,
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.1,
+        split_seed: int = 0,
+        crop_scale: tuple[float, float] | None = None,
+        horizontal_flip: bool = False,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
+        stats_images: int = 500,
+        num_workers: int = 2,
+        pin_memory: bool | None = None,
+        on_bad_file: str = "error",
+        balance: str = "none",
+    ) -> None:
+        super().__init__()
+        for problem in (
+            number_problem("batch_size", batch_size, integer=True, minimum=1),
+            image_size is not None and number_problem("image_size", image_size, integer=True, minimum=1),
+            number_problem("val_fraction", val_fraction),
+            number_problem("test_fraction", test_fraction),
+            number_problem("stats_images", stats_images, integer=True, minimum=1),
+            number_problem("num_workers", num_workers, integer=True, minimum=0),
+        ):
+            if problem:
+                raise ValueError(problem)
+        if val_fraction + test_fraction >= 1:
+            raise ValueError(
+                f"val_fraction={val_fraction} and test_fraction={test_fraction} leave no "
+                f"training images: their sum must be below 1."
+            )
+        if channels not in (None, 1, 3):
+            raise ValueError(f"channels={channels!r} is not one of: 1, 3, null (as the images).")
+        if crop_scale is not None and not (
+            len(crop_scale) == 2 and 0 < crop_scale[0] <= crop_scale[1] <= 1
+        ):
+            raise ValueError(
+                f"crop_scale={list(crop_scale)} is no [low, high] range within (0, 1], "
+                f"e.g. [0.35, 1]."
+            )
+        if (mean is None) != (std is None):
+            raise ValueError("mean and std go together: give both or neither.")
+        if on_bad_file not in ON_BAD_FILE:
+            raise ValueError(f"on_bad_file={on_bad_file!r} is not one of: {', '.join(ON_BAD_FILE)}.")
+        if balance not in BALANCES:
+            raise ValueError(f"balance={balance!r} is not one of: {', '.join(BALANCES)}.")
+        if crop_scale is not None:
+            crop_scale = tuple(float(v) for v in crop_scale)
+        arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        arguments["root"] = str(Path(root).expanduser().resolve())
+        self.save_hyperparameters({"name": "image_folder", **arguments})
+        self.splits: dict[str, Files] | None = None
+
+    # --- what is in the folder ----------------------------------------------------------------
+
+    def inspect(self) -> None:
+        if self.splits is not None:
+            return
+        hp = self.hparams
+        root = Path(hp.root)
+        found = scan(root)
+        missing = {"val": hp.val_fraction, "test": hp.test_fraction}
+        missing = {split: f for split, f in missing.items() if split not in found}
+        self.splits = {**found, **carve(found["train"], missing, hp.split_seed)}
+        self.class_names = tuple(self.splits["train"])
+        self.train_counts = [len(self.splits["train"][c]) for c in self.class_names]
+        self.channels, self.image_size, self.mean, self.std = self._shape_and_stats(root)
+        sizes = ", ".join(f"{s} {sum(map(len, self.splits[s].values()))}" for s in SPLITS)
+        carved = f" ({' and '.join(missing)} carved from train)" if missing else ""
+        log.info(
+            f"Data: image_folder from {root}: {len(self.class_names)} classes, "
+            f"{self.channels}×{self.image_size}×{self.image_size}; images: {sizes}{carved}"
+        )
+        self.log_class_counts()
+
+    def _sample_files(self) -> list[Path]:
+        files = [p for c in self.class_names for p in self.splits["train"][c]]
+        step = max(1, len(files) // self.hparams.stats_images)
+        return files[::step][: self.hparams.stats_images]
+
+    def _shape_and_stats(self, root: Path) -> tuple[int, int, list[float], list[float]]:
+        """Channels and size (given, or as the sampled training images have them) and the
+        per-channel mean/std (given, cached in `root/.litforge-stats.json`, or computed)."""
+        hp = self.hparams
+        key = {
+            "format": STATS_FORMAT,
+            "train_images": sum(self.train_counts),
+            "channels": hp.channels,
+            "image_size": hp.image_size,
+            "stats_images": hp.stats_images,
+        }
+        cache = root / STATS_FILE
+        cached = self._read_stats(cache, key)
+        if cached is not None:
+            channels, size, mean, std = cached
+        else:
+            channels, size, mean, std = self._compute_stats()
+            self._write_stats(cache, key, channels, size, mean, std)
+        if hp.mean is not None:
+            mean, std = list(hp.mean), list(hp.std)
+            if len(mean) != channels or len(std) != channels:
+                raise UserError(
+                    f"data.mean/data.std have {len(mean)}/{len(std)} values for {channels}-"
+                    f"channel images: give one per channel, or null to compute them."
+                )
+        return channels, size, mean, std
+
+    def _compute_stats(self) -> tuple[int, int, list[float], list[float]]:
+        hp = self.hparams
+        decoded = []
+        for path in self._sample_files():
+            try:
+                decoded.append(decode(path.read_bytes(), hp.channels))
+            except (BadImageError, OSError) as err:
+                if hp.on_bad_file == "error":
+                    raise UserError(
+                        f"cannot decode {path} ({err}): fix or remove the file, or set "
+                        f"data.on_bad_file=skip to leave such files out."
+                    ) from None
+        if not decoded:
+            raise UserError(f"none of the sampled images under {hp.root}/train decodes.")
+        channels = hp.channels or (1 if all(im.shape[0] == 1 for im in decoded) else 3)
+        if hp.image_size is None:
+            shapes = {tuple(im.shape[1:]) for im in decoded}
+            (height, width), *others = sorted(shapes)
+            if others or height != width:
+                shown = ", ".join(f"{h}×{w}" for h, w in sorted(shapes)[:3])
+                raise UserError(
+                    f"the images under {hp.root}/train differ in size or are not square ({shown}"
+                    f"{', ...' if len(shapes) > 3 else ''}): set data.image_size=<pixels>."
+                )
+            size = height
+        else:
+            size = hp.image_size
+        mean, std = channel_stats([fit(im.expand(channels, -1, -1), size) for im in decoded])
+        return channels, size, mean, std
+
+    @staticmethod
+    def _read_stats(cache: Path, key: dict) -> tuple | None:
+        try:
+            stored = json.loads(cache.read_text())
+        except (OSError, ValueError):
+            return None
+        if stored.get("key") != key:
+            return None
+        return stored["channels"], stored["image_size"], stored["mean"], stored["std"]
+
+    @staticmethod
+    def _write_stats(cache: Path, key: dict, channels, size, mean, std) -> None:
+        partial = cache.with_name(f"{cache.name}.{os.getpid()}.partial")
+        values = {"key": key, "channels": channels, "image_size": size, "mean": mean, "std": std}
+        try:
+            partial.write_text(json.dumps(values, indent=1))
+            partial.replace(cache)  # atomic: processes writing at once leave one whole file
+        except OSError as err:  # a read-only folder costs each run a few hundred decodes
+            partial.unlink(missing_ok=True)
+            log.warning(f"Could not cache image statistics in {cache}: {err}")
+
+    # --- serving batches ----------------------------------------------------------------------
+
+    def setup(self, stage: str | None = None) -> None:
+        self.inspect()
+
+    def _loader(self, split: str, train: bool) -> FileBatchLoader:
+        hp = self.hparams
+        files = self.splits[split]
+        paths = [p for c in self.class_names for p in files.get(c, [])]
+        labels = [i for i, c in enumerate(self.class_names) for _ in files.get(c, [])]
+        transform = SampleTransform(
+            self.channels,
+            self.image_size,
+            train=train,
+            crop_scale=hp.crop_scale if train else None,
+            horizontal_flip=hp.horizontal_flip and train,
+            seed=global_seed(),
+        )
+        trainer = self.trainer
+        shard = (trainer.distributed_sampler_kwargs if trainer is not None else None) or {}
+        weights = None
+        if train and hp.balance == "sampler":
+            per_class = [1 / n for n in self.train_counts]
+            weights = torch.tensor([per_class[label] for label in labels])
+        sampler = EpochShuffler(len(paths), shuffle=train, pad=train, weights=weights, **shard)
+        on_gpu = trainer is not None and trainer.strategy.root_device.type == "cuda"
+        return FileBatchLoader(
+            ImageFiles(paths, labels, transform),
+            sampler,
+            hp.batch_size,
+            hp.num_workers,
+            pin_memory=on_gpu if hp.pin_memory is None else hp.pin_memory,
+            on_bad_file=hp.on_bad_file,
+        )
+
+    def train_dataloader(self) -> FileBatchLoader:
+        return self._loader("train", train=True)
+
+    def val_dataloader(self) -> FileBatchLoader:
+        return self._loader("val", train=False)
+
+    def test_dataloader(self) -> FileBatchLoader:
+        return self._loader("test", train=False)

@@ -1,0 +1,203 @@
+"""Encoded image files to uint8 tensors, the same way for image folders (`image_folder.py`) and
+streaming shards (`streaming.py`).
+
+One sample: decode (torchvision's decoders, PIL for the formats they lack), then either fit it to
+`size`×`size` (resize the shorter side, crop the center: evaluation) or cut a random crop and
+resize it (training), and maybe mirror it. Each sample's random numbers come from its own
+generator, seeded by (run seed, epoch, sample index): the same crops whatever the number of worker
+processes, and again after a resume. Batches stay uint8 until they reach the training device
+(`normalize`): a quarter of the bytes to move, and the float math on the device.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import lightning as L
+import torch
+
+log = logging.getLogger(__name__)
+
+# What the scan of a folder counts as an image; other files (README.txt, .DS_Store) are ignored.
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+
+
+class BadImageError(ValueError):
+    """The bytes are no image that torchvision or PIL can decode."""
+
+
+def decode(data: bytes, channels: int | None) -> torch.Tensor:
+    """uint8 C×H×W; `channels` 1 or 3 converts, None keeps what the file has (alpha dropped)."""
+    from torchvision.io import ImageReadMode, decode_image
+
+    mode = {1: ImageReadMode.GRAY, 3: ImageReadMode.RGB, None: ImageReadMode.UNCHANGED}[channels]
+    try:
+        image = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=mode)
+    except RuntimeError:  # a format torchvision does not decode (BMP, TIFF) or broken bytes
+        image = _decode_with_pil(data, channels)
+    if image.dtype != torch.uint8:  # 16-bit PNGs
+        image = (image.float() * (255 / torch.iinfo(image.dtype).max)).round().to(torch.uint8)
+    if channels is None and image.shape[0] in (2, 4):  # gray or color with alpha
+        image = image[: image.shape[0] - 1]
+    return image
+
+
+def _decode_with_pil(data: bytes, channels: int | None) -> torch.Tensor:
+    import numpy as np
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as opened:
+            if channels is None:
+                channels = 1 if opened.mode in ("1", "L", "LA", "I", "I;16", "F") else 3
+            array = np.asarray(opened.convert("L" if channels == 1 else "RGB"))
+    except Exception as err:  # PIL raises many types for broken files; each means "not an image"
+        raise BadImageError(str(err) or type(err).__name__) from None
+    if array.ndim == 2:
+        array = array[:, :, None]
+    return torch.from_numpy(array.copy()).permute(2, 0, 1)
+
+
+def fit(image: torch.Tensor, size: int) -> torch.Tensor:
+    """Resize the shorter side to `size`, keep the central `size`×`size` (nothing to do when the
+    image has that size already)."""
+    from torchvision.transforms.v2 import functional as F
+
+    height, width = image.shape[-2:]
+    if (height, width) == (size, size):
+        return image
+    if min(height, width) != size:
+        image = F.resize(image, size, antialias=True)
+    return F.center_crop(image, [size, size])
+
+
+def random_crop_box(
+    height: int, width: int, scale: Sequence[float], generator: torch.Generator
+) -> tuple[int, int, int, int]:
+    """(top, left, h, w) of a crop covering a `scale` fraction of the image, aspect ratio 3:4 to
+    4:3 (Inception-style, as torchvision's RandomResizedCrop); the whole image if none fits."""
+    area = height * width
+    low, high = math.log(3 / 4), math.log(4 / 3)
+    for _ in range(10):
+        u = torch.rand(4, generator=generator).tolist()
+        target = area * (scale[0] + (scale[1] - scale[0]) * u[0])
+        ratio = math.exp(low + (high - low) * u[1])
+        w = round(math.sqrt(target * ratio))
+        h = round(math.sqrt(target / ratio))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(u[2] * (height - h + 1))
+            left = int(u[3] * (width - w + 1))
+            return top, left, h, w
+    return 0, 0, height, width
+
+
+@dataclass(frozen=True)
+class SampleTransform:
+    """Encoded bytes → uint8 `channels`×`size`×`size`, as evaluation or training wants it.
+
+    `crop_scale` (training): a random crop covering this fraction range of the image, resized to
+    `size`; None: the evaluation fit. `horizontal_flip` (training): mirror half the images.
+    Picklable, so that it runs in DataLoader worker processes.
+    """
+
+    channels: int
+    size: int
+    train: bool = False
+    crop_scale: tuple[float, float] | None = None
+    horizontal_flip: bool = False
+    seed: int = 0
+
+    def __call__(self, data: bytes, index: int, epoch: int) -> torch.Tensor:
+        image = decode(data, self.channels)
+        if not self.train or (self.crop_scale is None and not self.horizontal_flip):
+            return fit(image, self.size)
+        from torchvision.transforms.v2 import functional as F
+
+        # Python hashes tuples of ints the same in every process.
+        generator = torch.Generator().manual_seed(hash((self.seed, epoch, index)) & (2**63 - 1))
+        if self.crop_scale is not None:
+            top, left, h, w = random_crop_box(*image.shape[-2:], self.crop_scale, generator)
+            image = F.resized_crop(image, top, left, h, w, [self.size, self.size], antialias=True)
+        else:
+            image = fit(image, self.size)
+        if self.horizontal_flip and torch.rand(1, generator=generator).item() < 0.5:
+            image = image.flip(-1)
+        return image
+
+
+def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """A uint8 batch N×C×H×W to float, scaled to [0, 1] and standardized per channel."""
+    return images.float().div_(255).sub_(mean.view(1, -1, 1, 1)).div_(std.view(1, -1, 1, 1))
+
+
+def channel_stats(images: Sequence[torch.Tensor]) -> tuple[list[float], list[float]]:
+    """Per-channel mean and standard deviation of uint8 images scaled to [0, 1]."""
+    pixels = torch.cat([image.flatten(1) for image in images], dim=1).double() / 255
+    std = pixels.std(dim=1).clamp_min(1e-3)  # a blank channel must not divide by zero
+    return [round(v, 4) for v in pixels.mean(dim=1).tolist()], [round(v, 4) for v in std.tolist()]
+
+
+BALANCES = ("none", "sampler", "loss")
+
+
+def class_weights(counts: Sequence[int]) -> list[float]:
+    """Loss weights inversely proportional to the class counts, 1 on average over the samples
+    (a class with the average count weighs 1)."""
+    total, k = sum(counts), len(counts)
+    return [round(total / (k * max(n, 1)), 6) for n in counts]
+
+
+class ImageDataModule(L.LightningDataModule):
+    """What image folders and streaming shards share once their files are found: the model's
+    arguments, per-batch normalization on the training device, class counts and balance.
+
+    Subclasses set `class_names`, `channels`, `image_size`, `mean`, `std` and `train_counts`
+    (images per class in the training split) in `inspect()`, which runs before the model is built.
+    """
+
+    class_names: tuple[str, ...]
+    channels: int
+    image_size: int
+    mean: list[float]
+    std: list[float]
+    train_counts: list[int]
+
+    def inspect(self) -> None:
+        """Find out the classes, image shape and statistics (once; cheap when repeated)."""
+        raise NotImplementedError
+
+    def model_arguments(self) -> dict[str, object]:
+        self.inspect()
+        arguments = {
+            "input_shape": (self.channels, self.image_size, self.image_size),
+            "num_classes": len(self.class_names),
+            "class_names": self.class_names,
+        }
+        if self.hparams.balance == "loss":
+            arguments["class_weights"] = class_weights(self.train_counts)
+        return arguments
+
+    def example_input(self) -> torch.Tensor:
+        self.inspect()
+        return torch.zeros(2, self.channels, self.image_size, self.image_size)
+
+    def log_class_counts(self) -> None:
+        counts = ", ".join(f"{n} {c}" for c, n in zip(self.class_names, self.train_counts))
+        balance = self.hparams.balance
+        how = {"none": "", "sampler": " (balanced by sampling)", "loss": " (balanced in the loss)"}
+        log.info(f"Training images per class{how[balance]}: {counts}")
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        images, labels = batch
+        if images.dtype == torch.uint8:
+            device = images.device
+            if getattr(self, "_stats_device", None) != device:
+                self._mean_t = torch.tensor(self.mean, device=device)
+                self._std_t = torch.tensor(self.std, device=device)
+                self._stats_device = device
+            images = normalize(images, self._mean_t, self._std_t)
+        return images, labels
