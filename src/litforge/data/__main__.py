@@ -1,9 +1,11 @@
-"""Fetch a dataset ahead of training, e.g. on a login node for compute nodes without internet.
+"""Datasets from the command line.
 
-    python -m litforge.data fetch mnist [--data-dir data]
-    python -m litforge.data fetch fashion_mnist --apt   # offline: fall back to Debian's package
+    python -m litforge.data fetch mnist [--data-dir data]  # before training, e.g. on a login node
+    python -m litforge.data fetch fashion_mnist --apt      # offline: Debian's package
+    python -m litforge.data export-images fashion_mnist DIR  # as DIR/<split>/<class>/<n>.png
+    python -m litforge.data optimize SRC_DIR OUT_DIR       # an image folder to streaming shards
 
-The dataset name is the module name in `litforge.data` (and the config name in `conf/data/`).
+A dataset name is the module name in `litforge.data` (and the config name in `conf/data/`).
 """
 
 from __future__ import annotations
@@ -16,22 +18,30 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from litforge.data.base import InMemoryImageDataModule
 from litforge.data.sources import DatasetNotFoundError, DatasetSource, locate
 from litforge.errors import UserError
 
 
-def dataset_source(name: str) -> DatasetSource:
-    """The `DatasetSource` of the datamodule defined in `litforge.data.<name>`."""
+def builtin_datamodule(name: str) -> type[InMemoryImageDataModule]:
+    """The built-in dataset's datamodule class defined in `litforge.data.<name>`."""
     try:
         module = importlib.import_module(f"litforge.data.{name}")
     except ModuleNotFoundError:
         raise UserError(f"unknown dataset '{name}': no module litforge.data.{name}.") from None
     for _, obj in inspect.getmembers(module, inspect.isclass):
         if issubclass(obj, InMemoryImageDataModule) and obj.__module__ == module.__name__:
-            return obj.source
-    raise UserError(f"litforge.data.{name} defines no datamodule.")
+            return obj
+    raise UserError(
+        f"litforge.data.{name} defines no built-in dataset (mnist, fashion_mnist, ...)."
+    )
+
+
+def dataset_source(name: str) -> DatasetSource:
+    """The `DatasetSource` of the datamodule defined in `litforge.data.<name>`."""
+    return builtin_datamodule(name).source
 
 
 def install_debian_package(source: DatasetSource) -> bool:
@@ -63,6 +73,46 @@ def fetch(name: str, data_dir: str, system_dir: str, apt: bool) -> str:
         raise
 
 
+def folder_name(class_name: str) -> str:
+    """A class name as a folder name: path separators would make subfolders."""
+    return class_name.replace("/", "_").replace("\\", "_")
+
+
+def export_images(name: str, target: str, data_dir: str, system_dir: str, limit: int | None) -> str:
+    """Write the dataset as `target/<split>/<class>/<n>.png` (train and test, as shipped).
+    Written into `target.partial` and renamed when complete: no half-written folder."""
+    import numpy as np
+    from PIL import Image
+
+    target_dir = Path(target).expanduser()
+    if target_dir.exists() and any(target_dir.iterdir()):
+        raise UserError(
+            f"{target_dir} exists and is not empty: remove it or choose another folder."
+        )
+    module = builtin_datamodule(name)
+    files = locate(module.source, data_dir, system_dir, allow_download=True)
+    partial = target_dir.with_name(target_dir.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    datamodule = module(data_dir=str(files))
+    for split in ("train", "test"):
+        images, labels = datamodule.load_split(files, train=split == "train")
+        count = len(labels) if limit is None else min(limit, len(labels))
+        for class_name in module.class_names:
+            (partial / split / folder_name(class_name)).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            folder = partial / split / folder_name(module.class_names[int(labels[i])])
+            pixels = images[i].permute(1, 2, 0).squeeze(2).numpy()  # H×W or H×W×3
+            Image.fromarray(np.ascontiguousarray(pixels)).save(folder / f"{i:05d}.png")
+        print(f"{split}: {count} images")
+    for folder in partial.glob("*/*"):
+        if not any(folder.iterdir()):  # a class with no image among the first `limit`
+            folder.rmdir()
+    if target_dir.exists():
+        target_dir.rmdir()
+    partial.rename(target_dir)
+    return str(target_dir)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m litforge.data",
@@ -77,14 +127,54 @@ def main(argv: list[str] | None = None) -> int:
     fetch_parser.add_argument(
         "--apt", action="store_true", help="if nothing else works, install the Debian package"
     )
+    export_parser = commands.add_parser(
+        "export-images", help="write a built-in dataset as an image folder (PNG files)"
+    )
+    export_parser.add_argument("name", help="dataset, e.g. fashion_mnist")
+    export_parser.add_argument("target", help="folder to create: target/<split>/<class>/<n>.png")
+    export_parser.add_argument("--data-dir", default="data", help="default: ./data")
+    export_parser.add_argument("--system-dir", default="/usr/share/datasets")
+    export_parser.add_argument("--limit", type=int, help="at most this many images per split")
+    optimize_parser = commands.add_parser(
+        "optimize", help="convert an image folder into streaming shards (needs litdata)"
+    )
+    optimize_parser.add_argument("source", help="an image folder: SOURCE/<split>/<class>/<image>")
+    optimize_parser.add_argument("output", help="a local folder or an object-store URL (s3://...)")
+    optimize_parser.add_argument("--val-fraction", type=float, default=0.1)
+    optimize_parser.add_argument("--test-fraction", type=float, default=0.1)
+    optimize_parser.add_argument("--split-seed", type=int, default=0)
+    optimize_parser.add_argument("--on-bad-file", choices=("error", "skip"), default="error")
+    optimize_parser.add_argument("--chunk-bytes", default="64MB", help="size of a shard file")
+    optimize_parser.add_argument(
+        "--workers", type=int, default=os.cpu_count(), help="processes (default: one per CPU)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     try:
-        directory = fetch(args.name, args.data_dir, args.system_dir, args.apt)
+        if args.command == "fetch":
+            directory = fetch(args.name, args.data_dir, args.system_dir, args.apt)
+            print(f"{args.name}: files in {directory}")
+        elif args.command == "export-images":
+            target = export_images(
+                args.name, args.target, args.data_dir, args.system_dir, args.limit
+            )
+            print(f"{args.name}: images in {target}")
+        else:
+            from litforge.data.streaming import optimize_folder
+
+            optimize_folder(
+                args.source,
+                args.output,
+                val_fraction=args.val_fraction,
+                test_fraction=args.test_fraction,
+                split_seed=args.split_seed,
+                on_bad_file=args.on_bad_file,
+                chunk_bytes=args.chunk_bytes,
+                num_workers=args.workers,
+            )
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print(f"{args.name}: files in {directory}")
     return 0
 
 

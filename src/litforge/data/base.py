@@ -18,6 +18,7 @@ from typing import ClassVar
 
 import lightning as L
 import torch
+
 from litforge.data.loaders import BatchAugment, EpochShuffler, TensorBatchLoader
 from litforge.data.sources import DatasetSource, locate
 from litforge.errors import UserError, number_problem
@@ -215,4 +216,3 @@ class InMemoryImageDataModule(L.LightningDataModule):
 
     def test_dataloader(self):
         return self._loader("test", train=False)
-

@@ -24,18 +24,18 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from litforge.data.images import (
-    BALANCES,
     IMAGE_SUFFIXES,
     BadImageError,
-    ImageDataModule,
     SampleTransform,
     channel_stats,
     decode,
     fit,
+    normalize,
 )
 from litforge.data.loaders import EpochShuffler, global_seed
 from litforge.errors import UserError, number_problem
@@ -227,7 +227,72 @@ class FileBatchLoader:
             if images is not None:  # a batch of nothing but bad files is left out
                 yield images, labels
         if self.skipped:
-            log.warning(f"Left out {self.skipped} files that did not decode (data.on_bad_file=skip).")
+            log.warning(
+                f"Left out {self.skipped} files that did not decode (data.on_bad_file=skip)."
+            )
+
+
+BALANCES = ("none", "sampler", "loss")
+
+
+def class_weights(counts: list[int]) -> list[float]:
+    """Loss weights inversely proportional to the class counts, 1 on average over the samples
+    (a class with the average count weighs 1)."""
+    total, k = sum(counts), len(counts)
+    return [round(total / (k * max(n, 1)), 6) for n in counts]
+
+
+class ImageDataModule(L.LightningDataModule):
+    """What image folders and streaming shards share once their files are found: the model's
+    arguments, per-batch normalization on the training device, class counts and balance.
+
+    Subclasses set `class_names`, `channels`, `image_size`, `mean`, `std` and `train_counts`
+    (images per class in the training split) in `inspect()`, which runs before the model is built.
+    """
+
+    class_names: tuple[str, ...]
+    channels: int
+    image_size: int
+    mean: list[float]
+    std: list[float]
+    train_counts: list[int]
+
+    def inspect(self) -> None:
+        """Find out the classes, image shape and statistics (once; cheap when repeated)."""
+        raise NotImplementedError
+
+    def model_arguments(self) -> dict[str, object]:
+        self.inspect()
+        arguments = {
+            "input_shape": (self.channels, self.image_size, self.image_size),
+            "num_classes": len(self.class_names),
+            "class_names": self.class_names,
+        }
+        if self.hparams.balance == "loss":
+            arguments["class_weights"] = class_weights(self.train_counts)
+        return arguments
+
+    def example_input(self) -> torch.Tensor:
+        self.inspect()
+        return torch.zeros(2, self.channels, self.image_size, self.image_size)
+
+    def log_class_counts(self) -> None:
+        pairs = zip(self.class_names, self.train_counts, strict=True)
+        counts = ", ".join(f"{n} {c}" for c, n in pairs)
+        balance = self.hparams.balance
+        how = {"none": "", "sampler": " (balanced by sampling)", "loss": " (balanced in the loss)"}
+        log.info(f"Training images per class{how[balance]}: {counts}")
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        images, labels = batch
+        if images.dtype == torch.uint8:
+            device = images.device
+            if getattr(self, "_stats_device", None) != device:
+                self._mean_t = torch.tensor(self.mean, device=device)
+                self._std_t = torch.tensor(self.std, device=device)
+                self._stats_device = device
+            images = normalize(images, self._mean_t, self._std_t)
+        return images, labels
 
 
 class ImageFolderDataModule(ImageDataModule):
@@ -255,7 +320,8 @@ class ImageFolderDataModule(ImageDataModule):
         super().__init__()
         for problem in (
             number_problem("batch_size", batch_size, integer=True, minimum=1),
-            image_size is not None and number_problem("image_size", image_size, integer=True, minimum=1),
+            image_size is not None
+            and number_problem("image_size", image_size, integer=True, minimum=1),
             number_problem("val_fraction", val_fraction),
             number_problem("test_fraction", test_fraction),
             number_problem("stats_images", stats_images, integer=True, minimum=1),
@@ -280,7 +346,9 @@ class ImageFolderDataModule(ImageDataModule):
         if (mean is None) != (std is None):
             raise ValueError("mean and std go together: give both or neither.")
         if on_bad_file not in ON_BAD_FILE:
-            raise ValueError(f"on_bad_file={on_bad_file!r} is not one of: {', '.join(ON_BAD_FILE)}.")
+            raise ValueError(
+                f"on_bad_file={on_bad_file!r} is not one of: {', '.join(ON_BAD_FILE)}."
+            )
         if balance not in BALANCES:
             raise ValueError(f"balance={balance!r} is not one of: {', '.join(BALANCES)}.")
         if crop_scale is not None:

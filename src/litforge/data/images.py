@@ -7,20 +7,20 @@ resize it (training), and maybe mirror it. Each sample's random numbers come fro
 generator, seeded by (run seed, epoch, sample index): the same crops whatever the number of worker
 processes, and again after a resume. Batches stay uint8 until they reach the training device
 (`normalize`): a quarter of the bytes to move, and the float math on the device.
+
+Kept free of Lightning imports: `optimize`'s worker processes import this module.
 """
 
 from __future__ import annotations
 
 import io
-import logging
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-import lightning as L
 import torch
-
-log = logging.getLogger(__name__)
 
 # What the scan of a folder counts as an image; other files (README.txt, .DS_Store) are ignored.
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
@@ -44,6 +44,33 @@ def decode(data: bytes, channels: int | None) -> torch.Tensor:
     if channels is None and image.shape[0] in (2, 4):  # gray or color with alpha
         image = image[: image.shape[0] - 1]
     return image
+
+
+def check_decodes(data: bytes) -> None:
+    """BadImageError unless `decode` would decode `data`. PIL first: it imports in a fraction of
+    torchvision's time, which counts in every worker process of `optimize`."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.load()
+    except Exception:  # PIL raises many types; torchvision may still know the format (AVIF)
+        decode(data, None)
+
+
+def shard_sample(item: tuple[str, int], bad_dir: str) -> dict | None:
+    """A sample of `optimize`'s shards (`streaming.py`): the file's bytes as they are, and its
+    label. A file that does not decode is left out (None), its name written into `bad_dir` for
+    the parent process to report. Runs in LitData's worker processes."""
+    path, label = item
+    try:
+        data = Path(path).read_bytes()
+        check_decodes(data)
+    except (BadImageError, OSError) as err:
+        with open(Path(bad_dir) / f"{os.getpid()}.txt", "a") as out:
+            out.write(f"{path} ({err})\n")
+        return None
+    return {"image": data, "label": label}
 
 
 def _decode_with_pil(data: bytes, channels: int | None) -> torch.Tensor:
@@ -149,55 +176,3 @@ def class_weights(counts: Sequence[int]) -> list[float]:
     (a class with the average count weighs 1)."""
     total, k = sum(counts), len(counts)
     return [round(total / (k * max(n, 1)), 6) for n in counts]
-
-
-class ImageDataModule(L.LightningDataModule):
-    """What image folders and streaming shards share once their files are found: the model's
-    arguments, per-batch normalization on the training device, class counts and balance.
-
-    Subclasses set `class_names`, `channels`, `image_size`, `mean`, `std` and `train_counts`
-    (images per class in the training split) in `inspect()`, which runs before the model is built.
-    """
-
-    class_names: tuple[str, ...]
-    channels: int
-    image_size: int
-    mean: list[float]
-    std: list[float]
-    train_counts: list[int]
-
-    def inspect(self) -> None:
-        """Find out the classes, image shape and statistics (once; cheap when repeated)."""
-        raise NotImplementedError
-
-    def model_arguments(self) -> dict[str, object]:
-        self.inspect()
-        arguments = {
-            "input_shape": (self.channels, self.image_size, self.image_size),
-            "num_classes": len(self.class_names),
-            "class_names": self.class_names,
-        }
-        if self.hparams.balance == "loss":
-            arguments["class_weights"] = class_weights(self.train_counts)
-        return arguments
-
-    def example_input(self) -> torch.Tensor:
-        self.inspect()
-        return torch.zeros(2, self.channels, self.image_size, self.image_size)
-
-    def log_class_counts(self) -> None:
-        counts = ", ".join(f"{n} {c}" for c, n in zip(self.class_names, self.train_counts))
-        balance = self.hparams.balance
-        how = {"none": "", "sampler": " (balanced by sampling)", "loss": " (balanced in the loss)"}
-        log.info(f"Training images per class{how[balance]}: {counts}")
-
-    def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        images, labels = batch
-        if images.dtype == torch.uint8:
-            device = images.device
-            if getattr(self, "_stats_device", None) != device:
-                self._mean_t = torch.tensor(self.mean, device=device)
-                self._std_t = torch.tensor(self.std, device=device)
-                self._stats_device = device
-            images = normalize(images, self._mean_t, self._std_t)
-        return images, labels

@@ -1,0 +1,335 @@
+"""Bigger than memory or one machine: image folders as streaming shards, with LitData.
+
+    python -m litforge.data optimize SRC_DIR OUT_DIR       # once; SRC_DIR/<split>/<class>/<image>
+    python train.py data=streaming data.input_dir=OUT_DIR  # OUT_DIR: a folder or s3://bucket/...
+
+`optimize_folder` checks and splits the folder as `data=image_folder` would (the same carved
+val/test), checks that every image decodes, then writes each split's encoded files, unchanged, into
+chunked shards (`OUT_DIR/<split>/`, LitData's format) with worker processes, and the classes, counts
+and pixel statistics into `OUT_DIR/litforge.json`.
+
+`StreamingDataModule` reads the shards with LitData's `StreamingDataset` and `StreamingDataLoader`:
+chunks are fetched ahead into a local cache of bounded size, each process of a multi-process run
+reads its own chunks, and the loader's position is part of Lightning's checkpoints, so a resumed
+run goes on mid-epoch. Decoding and augmentation are those of image folders (`images.py`).
+
+litdata is an optional dependency: `pip install -e ".[streaming]"`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+from litforge.data.image_folder import BALANCES, SPLITS, ImageDataModule, ImageFolderDataModule
+from litforge.data.images import SampleTransform, shard_sample
+from litforge.data.loaders import global_seed
+from litforge.errors import UserError, number_problem
+
+log = logging.getLogger(__name__)
+
+META_FILE = "litforge.json"
+META_FORMAT = 1
+
+
+def import_litdata():
+    try:
+        import litdata
+    except ImportError:
+        raise UserError(
+            'streaming needs LitData, which is not installed: pip install -e ".[streaming]"'
+        ) from None
+    return litdata
+
+
+def is_url(path: str) -> bool:
+    return "://" in path
+
+
+# --- writing shards ---------------------------------------------------------------------------
+
+
+def _write_meta(output: str, meta: dict) -> None:
+    if not is_url(output):
+        Path(output, META_FILE).write_text(json.dumps(meta, indent=1))
+        return
+    from litdata.streaming.fs_provider import _get_fs_provider
+
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(tmp) / META_FILE
+        local.write_text(json.dumps(meta, indent=1))
+        _get_fs_provider(output).upload_file(str(local), f"{output.rstrip('/')}/{META_FILE}")
+
+
+def read_meta(input_dir: str) -> dict:
+    """`litforge.json` of a shard folder (local, or downloaded from an object store)."""
+    if is_url(input_dir):
+        from litdata.streaming.fs_provider import _get_fs_provider
+
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / META_FILE
+            try:
+                _get_fs_provider(input_dir).download_file(
+                    f"{input_dir.rstrip('/')}/{META_FILE}", str(local)
+                )
+                return json.loads(local.read_text())
+            except Exception as err:  # the clients raise their own types
+                raise UserError(
+                    f"data.input_dir={input_dir}: cannot read {META_FILE} ({err}). Is it the "
+                    f"OUT_DIR of `python -m litforge.data optimize`, and are your credentials set?"
+                ) from None
+    path = Path(input_dir).expanduser() / META_FILE
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise UserError(
+            f"data.input_dir={input_dir} holds no streaming shards ({path} is missing or broken): "
+            f"make them with `python -m litforge.data optimize <image folder> {input_dir}`."
+        ) from None
+    if meta.get("format") != META_FORMAT:
+        raise UserError(
+            f"{path} is from another litforge version (format {meta.get('format')}): optimize "
+            f"the image folder again."
+        )
+    return meta
+
+
+def optimize_folder(
+    source: str,
+    output: str,
+    val_fraction: float = 0.1,
+    test_fraction: float = 0.1,
+    split_seed: int = 0,
+    on_bad_file: str = "error",
+    chunk_bytes: str = "64MB",
+    num_workers: int | None = None,
+) -> None:
+    """Write the image folder `source` as streaming shards into `output` (see the module doc)."""
+    litdata = import_litdata()
+    folder = ImageFolderDataModule(
+        root=source,
+        val_fraction=val_fraction,
+        test_fraction=test_fraction,
+        split_seed=split_seed,
+        on_bad_file=on_bad_file,
+    )
+    folder.inspect()  # the folder's checks, splits, shape and statistics
+    local = not is_url(output)
+    if local:
+        out = Path(output).expanduser()
+        if out.exists() and any(out.iterdir()):
+            raise UserError(f"{out} exists and is not empty: remove it or choose another folder.")
+        output = str(out.resolve())
+    counts, bad = {}, []
+    try:
+        with tempfile.TemporaryDirectory() as bad_dir:
+            for split in SPLITS:
+                files = folder.splits[split]
+                items = [
+                    (str(path), label)
+                    for label, name in enumerate(folder.class_names)
+                    for path in files.get(name, [])
+                ]
+                if not items:
+                    continue
+                print(f"{split}: {len(items)} images")
+                litdata.optimize(
+                    fn=functools.partial(shard_sample, bad_dir=bad_dir),
+                    inputs=items,
+                    output_dir=f"{output.rstrip('/')}/{split}",
+                    chunk_bytes=chunk_bytes,
+                    num_workers=max(1, min(num_workers or 1, len(items))),
+                    mode="overwrite",
+                )
+                for report in Path(bad_dir).glob("*.txt"):
+                    bad += report.read_text().splitlines()
+                    report.unlink()
+                if bad and on_bad_file == "error":
+                    raise UserError(
+                        f"cannot decode {bad[0]}: fix or remove the file, or add "
+                        f"--on-bad-file skip to leave such files out."
+                    )
+                bad_here = {line.split(" (")[0] for line in bad}
+                counts[split] = [
+                    sum(str(p) not in bad_here for p in files.get(name, []))
+                    for name in folder.class_names
+                ]
+    except BaseException:
+        if local:  # nothing half-written
+            shutil.rmtree(output, ignore_errors=True)
+        raise
+    if bad:
+        print(f"Left out {len(bad)} files that did not decode, e.g. {bad[0]}")
+    meta = {
+        "format": META_FORMAT,
+        "source": str(Path(source).expanduser().resolve()),
+        "class_names": list(folder.class_names),
+        "counts": counts,
+        "channels": folder.channels,
+        "image_size": folder.image_size,
+        "mean": folder.mean,
+        "std": folder.std,
+    }
+    _write_meta(output, meta)
+    print(f"Shards in {output}: {', '.join(f'{s} {sum(n)}' for s, n in counts.items())} images")
+
+
+# --- reading shards ---------------------------------------------------------------------------
+
+
+def image_stream_class():
+    """`StreamingDataset` that decodes and transforms each sample (defined when first needed:
+    litdata is optional)."""
+    litdata = import_litdata()
+
+    class ImageStream(litdata.StreamingDataset):
+        def __init__(self, *args, transform: SampleTransform, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.sample_transform = transform
+
+        def __getitem__(self, index):
+            sample = super().__getitem__(index)
+            position = getattr(index, "index", index)  # a ChunkedIndex when streaming
+            image = self.sample_transform(sample["image"], int(position), self.current_epoch)
+            return image, sample["label"]
+
+    return ImageStream
+
+
+class StreamingDataModule(ImageDataModule):
+    """Train, validate and test on the shards in `input_dir` (see the module doc)."""
+
+    def __init__(
+        self,
+        input_dir: str,
+        image_size: int | None = None,
+        channels: int | None = None,
+        batch_size: int = 64,
+        crop_scale: tuple[float, float] | None = None,
+        horizontal_flip: bool = False,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
+        num_workers: int = 2,
+        pin_memory: bool | None = None,
+        cache_dir: str | None = None,
+        max_cache_size: str = "50GB",
+        balance: str = "none",
+    ) -> None:
+        super().__init__()
+        for problem in (
+            number_problem("batch_size", batch_size, integer=True, minimum=1),
+            image_size is not None
+            and number_problem("image_size", image_size, integer=True, minimum=1),
+            number_problem("num_workers", num_workers, integer=True, minimum=0),
+        ):
+            if problem:
+                raise ValueError(problem)
+        if channels not in (None, 1, 3):
+            raise ValueError(f"channels={channels!r} is not one of: 1, 3, null (as optimized).")
+        if balance not in BALANCES:
+            raise ValueError(f"balance={balance!r} is not one of: {', '.join(BALANCES)}.")
+        if balance == "sampler":
+            raise ValueError(
+                "balance=sampler needs random access to every sample, which streaming shards "
+                "do not give: use balance=loss (class weights in the loss)."
+            )
+        if (mean is None) != (std is None):
+            raise ValueError("mean and std go together: give both or neither.")
+        if crop_scale is not None:
+            crop_scale = tuple(float(v) for v in crop_scale)
+        if not is_url(input_dir):
+            input_dir = str(Path(input_dir).expanduser().resolve())
+        arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        self.save_hyperparameters({"name": "streaming", **arguments})
+        self.meta: dict | None = None
+
+    def inspect(self) -> None:
+        if self.meta is not None:
+            return
+        hp = self.hparams
+        meta = self.meta = read_meta(hp.input_dir)
+        self.class_names = tuple(meta["class_names"])
+        self.train_counts = meta["counts"]["train"]
+        self.channels = hp.channels or meta["channels"]
+        self.image_size = hp.image_size or meta["image_size"]
+        if hp.mean is not None:
+            self.mean, self.std = list(hp.mean), list(hp.std)
+        elif self.channels == meta["channels"]:
+            self.mean, self.std = meta["mean"], meta["std"]
+        else:
+            raise UserError(
+                f"the shards' statistics are for {meta['channels']}-channel images, "
+                f"data.channels={self.channels}: give data.mean and data.std (one per channel)."
+            )
+        for problem in (
+            len(self.mean) != self.channels and "mean",
+            len(self.std) != self.channels and "std",
+        ):
+            if problem:
+                raise UserError(
+                    f"data.{problem} has {len(getattr(self, problem))} values for "
+                    f"{self.channels}-channel images: give one per channel."
+                )
+        sizes = ", ".join(f"{s} {sum(n)}" for s, n in meta["counts"].items())
+        log.info(
+            f"Data: streaming from {hp.input_dir}: {len(self.class_names)} classes, "
+            f"{self.channels}×{self.image_size}×{self.image_size}; images: {sizes}"
+        )
+        self.log_class_counts()
+
+    def setup(self, stage: str | None = None) -> None:
+        self.inspect()
+        # LitData gives each worker process its own chunks, so Lightning's warning that a
+        # dataset with a length may repeat samples over workers does not apply; nor is how
+        # LitData maps its chunks into memory news for a training log.
+        warnings.filterwarnings("ignore", message=r".*`IterableDataset` has `__len__` defined")
+        logging.getLogger("litdata.streaming.dataset").setLevel(logging.WARNING)
+
+    def _loader(self, split: str, train: bool):
+        litdata = import_litdata()
+        hp = self.hparams
+        if split not in self.meta["counts"]:
+            raise UserError(
+                f"{hp.input_dir} has no {split} shards: optimize a folder that has some."
+            )
+        transform = SampleTransform(
+            self.channels,
+            self.image_size,
+            train=train,
+            crop_scale=hp.crop_scale if train else None,
+            horizontal_flip=hp.horizontal_flip and train,
+            seed=global_seed(),
+        )
+        dataset = image_stream_class()(
+            f"{hp.input_dir.rstrip('/')}/{split}",
+            transform=transform,
+            cache_dir=hp.cache_dir,
+            max_cache_size=hp.max_cache_size,
+            shuffle=train,
+            seed=global_seed(),
+            # Training under several processes: LitData evens out their batches (DDP needs the
+            # same number on each) by leaving the last partial ones out. Evaluation: every sample.
+            drop_last=None if train else False,
+        )
+        trainer = self.trainer
+        on_gpu = trainer is not None and trainer.strategy.root_device.type == "cuda"
+        return litdata.StreamingDataLoader(
+            dataset,
+            batch_size=hp.batch_size,
+            num_workers=hp.num_workers,
+            pin_memory=on_gpu if hp.pin_memory is None else hp.pin_memory,
+        )
+
+    def train_dataloader(self):
+        return self._loader("train", train=True)
+
+    def val_dataloader(self):
+        return self._loader("val", train=False)
+
+    def test_dataloader(self):
+        return self._loader("test", train=False)
