@@ -247,3 +247,61 @@ class RecordPlacements(L.Callback):
             else:
                 held[name] = None
         Path(self.path).write_text(json.dumps(held, indent=1))
+
+
+def band_image(label: int, rng: np.random.Generator, size=(20, 24), color=True) -> np.ndarray:
+    """An image whose class is a bright horizontal band at row 3·label, plus noise."""
+    height, width = size
+    image = rng.integers(0, 70, (height, width, 3) if color else (height, width))
+    image[3 * label + 1 : 3 * label + 3] = 250
+    return image.astype(np.uint8)
+
+
+def write_image_folder(
+    root: Path,
+    counts: dict[str, dict[str, int]],
+    size=(20, 24),
+    color: bool = True,
+    seed: int = 0,
+) -> Path:
+    """`root/<split>/<class>/<n>.png|.jpg` with `counts[split][class]` images of `band_image`,
+    alternately PNG and (high-quality) JPEG files, as a camera or a web scrape leaves them."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    classes = sorted({c for per_class in counts.values() for c in per_class})
+    for split, per_class in counts.items():
+        for name, n in per_class.items():
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                image = Image.fromarray(band_image(classes.index(name), rng, size, color))
+                if i % 2:
+                    image.save(folder / f"{i:04d}.jpg", quality=95)
+                else:
+                    image.save(folder / f"{i:04d}.png")
+    return root
+
+
+def final_state(run: Path):
+    """A finished run's last step, weights (last.ckpt) and final metrics (metrics.json)."""
+    import json
+
+    import torch
+
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    metrics = json.loads((run / "metrics.json").read_text())
+    return checkpoint["global_step"], checkpoint["state_dict"], metrics
+
+
+def assert_same_run(resumed: Path, uninterrupted: Path) -> None:
+    """The two runs ended at the same step with the same weights and metrics."""
+    import pytest
+    import torch
+
+    step, weights, metrics = final_state(resumed)
+    step_ref, weights_ref, metrics_ref = final_state(uninterrupted)
+    assert step == step_ref
+    for name, value in weights_ref.items():
+        torch.testing.assert_close(weights[name], value, rtol=0, atol=1e-6, msg=name)
+    assert metrics == pytest.approx(metrics_ref, abs=1e-6)

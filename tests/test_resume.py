@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT, run_script, tiny_run_args
+from helpers import ROOT, assert_same_run, run_script, tiny_run_args
 
 from litforge.errors import UserError
 from litforge.resume import AtomicCheckpointIO, newest_loadable, run_dir
@@ -52,21 +52,6 @@ def stop_after_first_checkpoint(process: subprocess.Popen, sig: signal.Signals) 
 def csv_rows(run) -> list[dict[str, str]]:
     with (run / "csv" / "metrics.csv").open() as f:
         return [{k: v for k, v in row.items() if v} for row in csv.DictReader(f)]
-
-
-def final_state(run):
-    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
-    metrics = json.loads((run / "metrics.json").read_text())
-    return checkpoint["global_step"], checkpoint["state_dict"], metrics
-
-
-def assert_same_run(resumed, uninterrupted):
-    step, weights, metrics = final_state(resumed)
-    step_ref, weights_ref, metrics_ref = final_state(uninterrupted)
-    assert step == step_ref
-    for name, value in weights_ref.items():
-        torch.testing.assert_close(weights[name], value, rtol=0, atol=1e-6, msg=name)
-    assert metrics == pytest.approx(metrics_ref, abs=1e-6)
 
 
 def run_with_fault(data_dir, run, signal_name, stage, epoch, batch):

@@ -28,7 +28,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import OmegaConf
 
-from litforge.errors import UserError
+from litforge.errors import UserError, number_problem
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +61,21 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 class LastCheckpoint(ModelCheckpoint):
     """`checkpoints/last.ckpt` after every training epoch, and mid-epoch when the job is told to
     stop (SIGTERM: preemption, `scancel`, a scheduler's time limit), before exiting.
+    `every_n_train_steps`: also every this many optimizer steps, for what no signal announces
+    (kill -9, a lost machine): such a stop then costs at most that many steps.
 
     Lightning's `save_last` writes last.ckpt only when a monitored checkpoint is saved (by design
     since 2.6, Lightning #20245 / #21244): a resumed run could go back many epochs.
     """
 
-    def __init__(self, dirpath: str) -> None:
+    def __init__(self, dirpath: str, every_n_train_steps: int | None = None) -> None:
+        problem = every_n_train_steps is not None and number_problem(
+            "every_n_train_steps", every_n_train_steps, integer=True, minimum=1
+        )
+        if problem:
+            raise ValueError(problem)
+        # Not ModelCheckpoint's own every_n_train_steps: it would turn the per-epoch save off.
+        self.every_n_steps = every_n_train_steps
         super().__init__(
             dirpath=dirpath,
             filename="last",
@@ -75,6 +84,7 @@ class LastCheckpoint(ModelCheckpoint):
             save_on_train_epoch_end=True,  # after validation and the epoch's statistics
             enable_version_counter=False,  # overwrite last.ckpt, never last-v1.ckpt
         )
+        self._last_step = -1
 
     @property
     def path(self) -> Path:
@@ -86,6 +96,13 @@ class LastCheckpoint(ModelCheckpoint):
             log.info(
                 f"Saved {filepath} (epoch {trainer.current_epoch}, step {trainer.global_step})"
             )
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        step = trainer.global_step
+        if self.every_n_steps and step % self.every_n_steps == 0 and step != self._last_step:
+            self._last_step = step  # accumulating batches repeat a step number
+            self._save_checkpoint(trainer, str(self.path))
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException

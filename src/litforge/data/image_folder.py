@@ -156,17 +156,26 @@ def _as_is(batch):
 
 
 class _EpochBatches:
-    """The batch sampler: this epoch's indices for this process in batches, from batch `skip`."""
+    """The batch sampler: this epoch's indices for this process in batches, from batch `skip`.
+    Training leaves out a last batch of one image: batch norm cannot train on a single sample."""
 
-    def __init__(self, sampler: EpochShuffler, batch_size: int) -> None:
+    def __init__(self, sampler: EpochShuffler, batch_size: int, train: bool) -> None:
         self.sampler, self.batch_size, self.skip = sampler, batch_size, 0
+        self.drop_single = train
+
+    def batches(self) -> int:
+        n = len(self.sampler)
+        if self.drop_single and n > 1 and n % self.batch_size == 1:
+            n -= 1
+        return math.ceil(n / self.batch_size)
 
     def __len__(self) -> int:
-        return math.ceil(len(self.sampler) / self.batch_size) - self.skip
+        return self.batches() - self.skip
 
     def __iter__(self) -> Iterator[tuple[int, list[int]]]:
         indices = self.sampler.indices().tolist()
-        for start in range(self.skip * self.batch_size, len(indices), self.batch_size):
+        for batch in range(self.skip, self.batches()):
+            start = batch * self.batch_size
             yield self.sampler.epoch, indices[start : start + self.batch_size]
 
 
@@ -185,9 +194,10 @@ class FileBatchLoader:
         num_workers: int,
         pin_memory: bool,
         on_bad_file: str,
+        train: bool,
     ) -> None:
         self.sampler, self.on_bad_file = sampler, on_bad_file
-        self._batches = _EpochBatches(sampler, batch_size)
+        self._batches = _EpochBatches(sampler, batch_size, train)
         self._loader = DataLoader(
             dataset,
             batch_sampler=self._batches,
@@ -207,7 +217,7 @@ class FileBatchLoader:
         self._resume = dict(state_dict)
 
     def __len__(self) -> int:
-        return math.ceil(len(self.sampler) / self._batches.batch_size)
+        return self._batches.batches()
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         skip = 0
@@ -428,15 +438,14 @@ class ImageFolderDataModule(ImageDataModule):
             raise UserError(f"none of the sampled images under {hp.root}/train decodes.")
         channels = hp.channels or (1 if all(im.shape[0] == 1 for im in decoded) else 3)
         if hp.image_size is None:
-            shapes = {tuple(im.shape[1:]) for im in decoded}
-            (height, width), *others = sorted(shapes)
-            if others or height != width:
-                shown = ", ".join(f"{h}×{w}" for h, w in sorted(shapes)[:3])
+            shapes = sorted({tuple(im.shape[1:]) for im in decoded})
+            if len(shapes) > 1:
+                shown = ", ".join(f"{h}×{w}" for h, w in shapes[:3])
                 raise UserError(
-                    f"the images under {hp.root}/train differ in size or are not square ({shown}"
+                    f"the images under {hp.root}/train differ in size ({shown}"
                     f"{', ...' if len(shapes) > 3 else ''}): set data.image_size=<pixels>."
                 )
-            size = height
+            size = min(shapes[0])
         else:
             size = hp.image_size
         mean, std = channel_stats([fit(im.expand(channels, -1, -1), size) for im in decoded])
@@ -496,6 +505,7 @@ class ImageFolderDataModule(ImageDataModule):
             hp.num_workers,
             pin_memory=on_gpu if hp.pin_memory is None else hp.pin_memory,
             on_bad_file=hp.on_bad_file,
+            train=train,
         )
 
     def train_dataloader(self) -> FileBatchLoader:

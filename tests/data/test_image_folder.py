@@ -1,0 +1,229 @@
+"""`data=image_folder`: real PNG and JPEG files in the `root/<split>/<class>/<image>` layout."""
+
+import json
+
+import pytest
+import torch
+from helpers import compose_config, run_script, write_image_folder
+
+from litforge.data.image_folder import STATS_FILE, ImageFolderDataModule, class_weights
+from litforge.errors import UserError
+from litforge.pipeline import train
+
+CLASSES = ("cat", "dog", "fox")
+
+
+def folder(tmp_path, train=20, test=None, **kwargs):
+    counts = {"train": dict.fromkeys(CLASSES, train)}
+    if test:
+        counts["test"] = dict.fromkeys(CLASSES, test)
+    return write_image_folder(tmp_path / "images", counts, **kwargs)
+
+
+def make(root, **kwargs):
+    kwargs.setdefault("num_workers", 0)
+    return ImageFolderDataModule(root=str(root), **kwargs)
+
+
+def test_classes_shape_and_carved_splits(tmp_path):
+    dm = make(folder(tmp_path, train=20), val_fraction=0.2, test_fraction=0.1)
+    arguments = dm.model_arguments()
+    assert arguments["class_names"] == CLASSES
+    assert arguments["input_shape"] == (3, 20, 20)  # 20×24 images: shorter side, center
+    counts = {s: [len(dm.splits[s][c]) for c in CLASSES] for s in ("train", "val", "test")}
+    assert counts == {"train": [14] * 3, "val": [4] * 3, "test": [2] * 3}  # stratified
+    files = [set(p for c in CLASSES for p in dm.splits[s][c]) for s in ("train", "val", "test")]
+    assert not (files[0] & files[1] or files[0] & files[2] or files[1] & files[2])
+    again = make(dm.hparams.root, val_fraction=0.2, test_fraction=0.1)
+    again.inspect()
+    assert again.splits == dm.splits  # seeded: the same carve every run
+    other = make(dm.hparams.root, val_fraction=0.2, test_fraction=0.1, split_seed=1)
+    other.inspect()
+    assert other.splits["val"] != dm.splits["val"]
+
+
+def test_a_test_folder_is_used_as_it_is(tmp_path):
+    dm = make(folder(tmp_path, train=10, test=3))
+    dm.inspect()
+    assert [len(dm.splits["test"][c]) for c in CLASSES] == [3, 3, 3]
+    assert [len(dm.splits["val"][c]) for c in CLASSES] == [1, 1, 1]  # carved: 10% of 10
+
+
+def test_statistics_are_computed_once_and_cached_beside_the_data(tmp_path):
+    root = folder(tmp_path, color=False)
+    dm = make(root)
+    dm.inspect()
+    assert dm.channels == 1  # grayscale files: one channel unless data.channels says 3
+    cached = json.loads((root / STATS_FILE).read_text())
+    assert cached["mean"] == dm.mean and len(dm.mean) == 1 and 0.1 < dm.mean[0] < 0.6
+    cached["mean"] = [0.123]  # what the next run finds there is what it uses
+    (root / STATS_FILE).write_text(json.dumps(cached))
+    again = make(root)
+    again.inspect()
+    assert again.mean == [0.123]
+    given = make(root, channels=3, mean=[0.5] * 3, std=[0.2] * 3)
+    given.inspect()
+    assert (given.channels, given.mean, given.std) == (3, [0.5] * 3, [0.2] * 3)
+
+
+def test_batches_are_uint8_until_normalized_on_the_device(tmp_path):
+    dm = make(folder(tmp_path, train=20), batch_size=8, image_size=16)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    batches = list(loader)
+    assert len(batches) == len(loader) == 6  # 3 × (20 - 2 val - 2 test) images
+    images, labels = batches[0]
+    assert images.dtype == torch.uint8 and images.shape == (8, 3, 16, 16)
+    assert sorted(set(torch.cat([b[1] for b in batches]).tolist())) == [0, 1, 2]
+    x, y = dm.on_after_batch_transfer((images, labels), 0)
+    assert x.dtype == torch.float32 and torch.equal(y, labels)
+    mean = torch.tensor(dm.mean).view(1, -1, 1, 1)
+    std = torch.tensor(dm.std).view(1, -1, 1, 1)
+    torch.testing.assert_close(x, (images.float() / 255 - mean) / std)
+
+
+def test_worker_processes_give_the_same_batches(tmp_path):
+    root = folder(tmp_path, train=12)
+    batches = {}
+    for workers in (0, 2):
+        dm = make(root, batch_size=5, num_workers=workers, crop_scale=[0.5, 1], horizontal_flip=True)
+        dm.setup("fit")
+        batches[workers] = list(dm.train_dataloader())
+    for (a, la), (b, lb) in zip(batches[0], batches[2], strict=True):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_the_loader_resumes_mid_epoch_with_the_next_batch(tmp_path):
+    dm = make(folder(tmp_path, train=12), batch_size=4, crop_scale=[0.5, 1])
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    loader.sampler.set_epoch(3)
+    everything = list(loader)
+    stopped = dm.train_dataloader()
+    stopped.sampler.set_epoch(3)
+    iterator = iter(stopped)
+    next(iterator), next(iterator)
+    state = stopped.state_dict()
+    assert state == {"epoch": 3, "batches": 2}
+    resumed = dm.train_dataloader()
+    resumed.load_state_dict(state)
+    resumed.sampler.set_epoch(3)
+    rest = list(resumed)
+    assert len(rest) == len(everything) - 2
+    for (a, la), (b, lb) in zip(rest, everything[2:], strict=True):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_processes_share_out_each_epoch(tmp_path):
+    root = folder(tmp_path, train=9)
+    seen = []
+    for rank in range(2):
+        dm = make(root, batch_size=4)
+        dm.setup("fit")
+        dm.trainer = type("T", (), {"distributed_sampler_kwargs": {"num_replicas": 2, "rank": rank}})
+        dm.trainer.strategy = type("S", (), {"root_device": torch.device("cpu")})
+        seen.append(dm.train_dataloader().sampler.indices().tolist())
+    assert len(seen[0]) == len(seen[1]) == 11  # 3 × 7 training images, evened out by one
+    assert set(seen[0]) | set(seen[1]) == set(range(21))
+
+
+@pytest.mark.parametrize(
+    ("layout", "words"),
+    [
+        ("missing", "is no folder"),
+        ("no_train", "has no train/ folder"),
+        ("no_images", "holds no images"),
+        ("empty_class", "class folder"),
+        ("unknown_class", "has classes the train split lacks: zebra"),
+        ("stray_image", "images outside class folders"),
+        ("mixed_sizes", "set data.image_size"),
+    ],
+)
+def test_a_folder_that_cannot_work_is_one_clear_error_before_training(tmp_path, layout, words):
+    root = tmp_path / "images"
+    if layout != "missing":
+        root.mkdir()
+    if layout not in ("missing", "no_train"):
+        (root / "train").mkdir()
+    if layout in ("empty_class", "unknown_class", "stray_image", "mixed_sizes"):
+        write_image_folder(root, {"train": {"cat": 2, "dog": 2}})
+    if layout == "empty_class":
+        (root / "train" / "owl").mkdir()
+    if layout == "unknown_class":
+        write_image_folder(root, {"val": {"cat": 1, "zebra": 1}})
+    if layout == "stray_image":
+        (root / "train" / "cat" / "0000.png").rename(root / "train" / "loose.png")
+    if layout == "mixed_sizes":
+        write_image_folder(root, {"train": {"cat": 2}}, size=(30, 30), seed=1)
+    with pytest.raises(UserError, match=words):
+        make(root).model_arguments()
+
+
+@pytest.mark.parametrize("on_bad_file", ["error", "skip"])
+def test_a_file_that_does_not_decode_stops_the_run_or_is_skipped(tmp_path, on_bad_file):
+    root = folder(tmp_path, train=10)
+    settings = {"batch_size": 100, "val_fraction": 0, "test_fraction": 0}
+    make(root, **settings).inspect()  # statistics cached while every file is good
+    bad = root / "train" / "dog" / "0003.jpg"
+    bad.write_bytes(b"\xff\xd8\xff not really a jpeg")
+    dm = make(root, on_bad_file=on_bad_file, **settings)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    if on_bad_file == "error":
+        with pytest.raises(UserError, match=f"cannot decode {bad}.*data.on_bad_file=skip"):
+            list(loader)
+    else:
+        [(images, labels)] = list(loader)
+        assert len(images) == len(labels) == 29 and loader.skipped == 1
+
+
+def test_balance_by_sampler_or_loss(tmp_path):
+    root = write_image_folder(tmp_path / "images", {"train": {"common": 40, "rare": 4}})
+    sampled = make(root, balance="sampler", val_fraction=0, test_fraction=0, batch_size=44)
+    sampled.setup("fit")
+    labels = torch.cat([torch.cat([y for _, y in sampled.train_dataloader()]) for _ in range(5)])
+    assert 0.35 < labels.float().mean() < 0.65  # rare drawn about as often as common
+    weighted = make(root, balance="loss", val_fraction=0, test_fraction=0)
+    assert weighted.model_arguments()["class_weights"] == class_weights([40, 4])
+    assert class_weights([40, 4]) == pytest.approx([0.55, 5.5])
+    assert "class_weights" not in make(root).model_arguments()
+
+
+def test_bad_settings_name_their_key(tmp_path):
+    root = folder(tmp_path)
+    for kwargs, words in [
+        ({"val_fraction": 0.6, "test_fraction": 0.5}, "leave no training images"),
+        ({"channels": 2}, "channels=2"),
+        ({"crop_scale": [0.9, 0.2]}, "crop_scale"),
+        ({"mean": [0.5]}, "mean and std go together"),
+        ({"on_bad_file": "ignore"}, "on_bad_file='ignore'"),
+        ({"balance": "oversample"}, "balance='oversample'"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            make(root, **kwargs)
+
+
+def test_train_then_eval_reads_the_same_folder(tmp_path):
+    root = folder(tmp_path, train=30, test=6)
+    overrides = [
+        "data=image_folder",
+        f"data.root={root}",
+        "data.num_workers=0",
+        "data.batch_size=16",
+        "trainer.max_epochs=3",
+        "trainer.accelerator=cpu",
+        "callbacks.rich_progress_bar=null",
+    ]
+    metrics = train(compose_config("train", tmp_path, overrides))
+    assert metrics["test/acc"] >= 0.9  # the bands are easy
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    result = run_script(
+        "eval.py",
+        *overrides,
+        f"ckpt_path={checkpoint}",
+        f"hydra.run.dir={tmp_path / 'eval'}",
+        "extras.print_config=false",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    evaluated = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert evaluated["test/acc"] == pytest.approx(metrics["test/acc"], abs=1e-6)

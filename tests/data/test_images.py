@@ -1,0 +1,99 @@
+"""Encoded images to uint8 tensors (`litforge.data.images`), on files in real formats."""
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from litforge.data.images import (
+    BadImageError,
+    SampleTransform,
+    channel_stats,
+    check_decodes,
+    decode,
+    fit,
+    normalize,
+    shard_sample,
+)
+
+
+def encoded(array: np.ndarray, fmt: str, **kwargs) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(array).save(out, format=fmt, **kwargs)
+    return out.getvalue()
+
+
+RGB = np.random.default_rng(0).integers(0, 256, (12, 16, 3)).astype(np.uint8)
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "BMP", "WEBP", "TIFF"])
+def test_lossless_formats_decode_to_the_exact_pixels(fmt):
+    kwargs = {"lossless": True} if fmt == "WEBP" else {}
+    image = decode(encoded(RGB, fmt, **kwargs), channels=3)
+    assert image.dtype == torch.uint8 and image.shape == (3, 12, 16)
+    assert torch.equal(image, torch.from_numpy(RGB).permute(2, 0, 1))
+
+
+def test_channels_convert_or_stay_as_the_file_has_them():
+    gray = RGB[:, :, 0]
+    assert decode(encoded(gray, "PNG"), None).shape == (1, 12, 16)
+    assert decode(encoded(gray, "PNG"), 3).shape == (3, 12, 16)
+    assert decode(encoded(RGB, "JPEG", quality=95), None).shape == (3, 12, 16)
+    assert decode(encoded(RGB, "JPEG", quality=95), 1).shape == (1, 12, 16)
+    rgba = np.dstack([RGB, np.full((12, 16), 255, np.uint8)])
+    assert decode(encoded(rgba, "PNG"), None).shape == (3, 12, 16)  # alpha dropped
+
+
+def test_broken_bytes_are_a_bad_image():
+    png = encoded(RGB, "PNG")
+    for data in (b"not an image at all", png[: len(png) // 2]):
+        with pytest.raises(BadImageError):
+            decode(data, 3)
+        with pytest.raises(BadImageError):
+            check_decodes(data)
+    check_decodes(png)  # a good one passes
+
+
+def test_shard_sample_keeps_the_bytes_and_reports_bad_files(tmp_path):
+    good, bad = tmp_path / "good.png", tmp_path / "bad.jpg"
+    good.write_bytes(encoded(RGB, "PNG"))
+    bad.write_bytes(b"\xff\xd8 truncated jpeg")
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    assert shard_sample((str(good), 4), str(reports)) == {"image": good.read_bytes(), "label": 4}
+    assert shard_sample((str(bad), 1), str(reports)) is None
+    [report] = reports.iterdir()
+    assert str(bad) in report.read_text()
+
+
+def test_fit_resizes_the_shorter_side_and_keeps_the_center():
+    image = torch.zeros(3, 40, 80, dtype=torch.uint8)
+    image[:, :, 20:60] = 200  # the central 40 columns
+    fitted = fit(image, 20)
+    assert fitted.shape == (3, 20, 20) and fitted.dtype == torch.uint8
+    assert int(fitted[..., 1:-1].min()) == 200  # only the center is left (edges antialiased)
+    same = torch.randint(0, 255, (1, 20, 20), dtype=torch.uint8)
+    assert fit(same, 20) is same
+
+
+def test_training_crops_are_seeded_per_sample_and_epoch():
+    data = encoded(RGB, "PNG")
+    train = SampleTransform(3, 8, train=True, crop_scale=(0.3, 0.6), horizontal_flip=True, seed=1)
+    a = train(data, index=5, epoch=0)
+    assert a.shape == (3, 8, 8)
+    assert torch.equal(a, train(data, index=5, epoch=0))  # any worker, any resume: the same
+    others = [train(data, index=5, epoch=e) for e in range(1, 6)]
+    assert any(not torch.equal(a, b) for b in others)  # a new crop each epoch
+    evaluation = SampleTransform(3, 8)
+    assert torch.equal(evaluation(data, 5, 0), evaluation(data, 5, 3))
+
+
+def test_statistics_and_normalization_agree():
+    images = [torch.randint(0, 256, (3, 10, 10), dtype=torch.uint8) for _ in range(20)]
+    mean, std = channel_stats(images)
+    batch = normalize(torch.stack(images), torch.tensor(mean), torch.tensor(std))
+    assert batch.dtype == torch.float32
+    assert torch.allclose(batch.mean(dim=(0, 2, 3)), torch.zeros(3), atol=1e-3)
+    assert torch.allclose(batch.std(dim=(0, 2, 3)), torch.ones(3), atol=1e-2)
