@@ -136,9 +136,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["mlp", "cnn"])
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs, after one warm-up")
     parser.add_argument("--rounds", type=int, default=2, help="alternations of loop and template")
-    parser.add_argument(
-        "--extras", action="store_true", help="also compile, start-up"
-    )
+    parser.add_argument("--extras", action="store_true", help="also compile, start-up")
     parser.add_argument(
         "overrides", nargs="*", help="config overrides for both, e.g. data.batch_size=256"
     )

@@ -1,6 +1,7 @@
 """`data=image_folder`: real PNG and JPEG files in the `root/<split>/<class>/<image>` layout."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -86,7 +87,8 @@ def test_worker_processes_give_the_same_batches(tmp_path):
     root = folder(tmp_path, train=12)
     batches = {}
     for workers in (0, 2):
-        dm = make(root, batch_size=5, num_workers=workers, crop_scale=[0.5, 1], horizontal_flip=True)
+        augment = {"crop_scale": [0.5, 1], "horizontal_flip": True}
+        dm = make(root, batch_size=5, num_workers=workers, **augment)
         dm.setup("fit")
         batches[workers] = list(dm.train_dataloader())
     for (a, la), (b, lb) in zip(batches[0], batches[2], strict=True):
@@ -120,8 +122,11 @@ def test_processes_share_out_each_epoch(tmp_path):
     for rank in range(2):
         dm = make(root, batch_size=4)
         dm.setup("fit")
-        dm.trainer = type("T", (), {"distributed_sampler_kwargs": {"num_replicas": 2, "rank": rank}})
-        dm.trainer.strategy = type("S", (), {"root_device": torch.device("cpu")})
+        shard = {"num_replicas": 2, "rank": rank}
+        dm.trainer = SimpleNamespace(
+            distributed_sampler_kwargs=shard,
+            strategy=SimpleNamespace(root_device=torch.device("cpu")),
+        )
         seen.append(dm.train_dataloader().sampler.indices().tolist())
     assert len(seen[0]) == len(seen[1]) == 11  # 3 × 7 training images, evened out by one
     assert set(seen[0]) | set(seen[1]) == set(range(21))
