@@ -305,3 +305,54 @@ def assert_same_run(resumed: Path, uninterrupted: Path) -> None:
     for name, value in weights_ref.items():
         torch.testing.assert_close(weights[name], value, rtol=0, atol=1e-6, msg=name)
     assert metrics == pytest.approx(metrics_ref, abs=1e-6)
+
+
+def write_numbered_folder(root: Path, n: int, classes: int = 2) -> Path:
+    """`root/train/c<k>/<id>.png`: n grayscale 8×8 images whose first two pixels spell their id
+    (id // 256, id % 256), for tests that check which samples a run saw (`RecordSamples`)."""
+    from PIL import Image
+
+    for i in range(n):
+        image = np.full((8, 8), 40 * (i % classes), np.uint8)
+        image[0, 0], image[0, 1] = divmod(i, 256)
+        folder = root / "train" / f"c{i % classes}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image).save(folder / f"{i:05d}.png")
+    return root
+
+
+class RecordSamples(L.Callback):
+    """For subprocess tests on `write_numbered_folder` images (`+callbacks.samples._target_=
+    helpers.RecordSamples +callbacks.samples.path=DIR`, PYTHONPATH=tests): the ids of the
+    training samples each process trains on, one JSON line per batch in `DIR/rank<r>.jsonl`."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        import json
+
+        images = batch[0]
+        datamodule = trainer.datamodule
+        pixels = images[:, 0, 0, :2].double() * datamodule.std[0] + datamodule.mean[0]
+        high, low = (pixels * 255).round().long().unbind(1)
+        ids = (high * 256 + low).tolist()
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.path / f"rank{trainer.global_rank}.jsonl", "a") as out:
+            out.write(json.dumps({"epoch": trainer.current_epoch, "ids": ids}) + "\n")
+
+
+def fashion_mnist_dir() -> Path | None:
+    """Where the real Fashion-MNIST files are (./data or Debian's package), or None."""
+    from litforge.data.fashion_mnist import FASHION_MNIST
+    from litforge.data.sources import DatasetNotFoundError, locate
+
+    try:
+        return locate(FASHION_MNIST, ROOT / "data", allow_download=False)
+    except DatasetNotFoundError:
+        return None
+
+
+NO_FASHION_MNIST = (
+    "Fashion-MNIST not found: run `make data` (or apt-get install -y dataset-fashion-mnist)"
+)

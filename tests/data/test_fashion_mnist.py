@@ -2,21 +2,14 @@
 /usr/share/datasets (apt-get install dataset-fashion-mnist)."""
 
 import pytest
-from helpers import ROOT, compose_config
+from helpers import NO_FASHION_MNIST, ROOT, compose_config, fashion_mnist_dir
 
-from litforge.data.fashion_mnist import FASHION_MNIST, FashionMNISTDataModule
-from litforge.data.sources import DatasetNotFoundError, locate
+from litforge.data.fashion_mnist import FashionMNISTDataModule
 from litforge.pipeline import train
 
 DATA_DIR = ROOT / "data"
-try:
-    REAL_DIR = locate(FASHION_MNIST, DATA_DIR, allow_download=False)
-except DatasetNotFoundError:
-    REAL_DIR = None
-needs_fashion_mnist = pytest.mark.skipif(
-    REAL_DIR is None,
-    reason="Fashion-MNIST not found: run `make data` (or apt-get install -y dataset-fashion-mnist)",
-)
+REAL_DIR = fashion_mnist_dir()
+needs_fashion_mnist = pytest.mark.skipif(REAL_DIR is None, reason=NO_FASHION_MNIST)
 
 
 @needs_fashion_mnist

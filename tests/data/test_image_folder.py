@@ -186,8 +186,12 @@ def test_balance_by_sampler_or_loss(tmp_path):
     root = write_image_folder(tmp_path / "images", {"train": {"common": 40, "rare": 4}})
     sampled = make(root, balance="sampler", val_fraction=0, test_fraction=0, batch_size=44)
     sampled.setup("fit")
-    labels = torch.cat([torch.cat([y for _, y in sampled.train_dataloader()]) for _ in range(5)])
-    assert 0.35 < labels.float().mean() < 0.65  # rare drawn about as often as common
+    loader = sampled.train_dataloader()
+    labels = []
+    for epoch in range(5):
+        loader.sampler.set_epoch(epoch)
+        labels += [y for _, y in loader]
+    assert 0.4 < torch.cat(labels).float().mean() < 0.6  # rare drawn about as often as common
     weighted = make(root, balance="loss", val_fraction=0, test_fraction=0)
     assert weighted.model_arguments()["class_weights"] == class_weights([40, 4])
     assert class_weights([40, 4]) == pytest.approx([0.55, 5.5])
@@ -232,3 +236,21 @@ def test_train_then_eval_reads_the_same_folder(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     evaluated = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert evaluated["test/acc"] == pytest.approx(metrics["test/acc"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_mlp_reaches_85_percent_on_exported_fashion_mnist(tmp_path, fashion_mnist_folder):
+    # The same class of accuracy as the IDX files give (tests/data/test_fashion_mnist.py).
+    cfg = compose_config(
+        "train",
+        tmp_path,
+        [
+            "data=image_folder",
+            f"data.root={fashion_mnist_folder}",
+            "data.batch_size=256",
+            "trainer.max_epochs=2",
+            "callbacks.rich_progress_bar=null",
+        ],
+    )
+    metrics = train(cfg)
+    assert metrics["test/acc"] >= 0.85

@@ -205,6 +205,9 @@ class FileBatchLoader:
             num_workers=num_workers,
             pin_memory=pin_memory,
             persistent_workers=num_workers > 0,
+            # Worker seeds from a generator of its own, not from torch's global one: starting
+            # an epoch must not shift the dropout masks a resumed run draws after it.
+            generator=torch.Generator(),
         )
         self.skipped = 0  # files that did not decode, this epoch
         self._handed_out = 0

@@ -26,6 +26,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
+import torch
+
 from litforge.data.image_folder import BALANCES, SPLITS, ImageDataModule, ImageFolderDataModule
 from litforge.data.images import SampleTransform, shard_sample
 from litforge.data.loaders import global_seed
@@ -118,13 +120,13 @@ def optimize_folder(
         split_seed=split_seed,
         on_bad_file=on_bad_file,
     )
-    folder.inspect()  # the folder's checks, splits, shape and statistics
     local = not is_url(output)
     if local:
         out = Path(output).expanduser()
         if out.exists() and any(out.iterdir()):
             raise UserError(f"{out} exists and is not empty: remove it or choose another folder.")
         output = str(out.resolve())
+    folder.inspect()  # the folder's checks, splits, shape and statistics
     counts, bad = {}, []
     try:
         with tempfile.TemporaryDirectory() as bad_dir:
@@ -312,9 +314,11 @@ class StreamingDataModule(ImageDataModule):
             max_cache_size=hp.max_cache_size,
             shuffle=train,
             seed=global_seed(),
-            # Training under several processes: LitData evens out their batches (DDP needs the
-            # same number on each) by leaving the last partial ones out. Evaluation: every sample.
-            drop_last=None if train else False,
+            # Training: whole batches only. Each worker process of each training process
+            # leaves out its last partial batch (DDP needs the same number of steps on every
+            # process; batch norm cannot train on one image): fewer than num_workers × batch_size
+            # images per process and epoch, other ones each epoch. Evaluation: every image.
+            drop_last=train,
         )
         trainer = self.trainer
         on_gpu = trainer is not None and trainer.strategy.root_device.type == "cuda"
@@ -323,6 +327,7 @@ class StreamingDataModule(ImageDataModule):
             batch_size=hp.batch_size,
             num_workers=hp.num_workers,
             pin_memory=on_gpu if hp.pin_memory is None else hp.pin_memory,
+            generator=torch.Generator(),  # see FileBatchLoader
         )
 
     def train_dataloader(self):

@@ -144,6 +144,20 @@ class ClassificationModule(L.LightningModule):
     def on_train_epoch_start(self) -> None:
         self._train_sums = None
 
+    # The epoch's sums so far travel with a mid-epoch checkpoint (a kill, a SIGTERM, or
+    # `every_n_train_steps`), so that a resumed epoch reports the same train/loss and train/acc.
+    # Summed over processes when saving (all of them save together); loaded into rank 0.
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self._train_sums is not None:
+            total = self.trainer.strategy.reduce(self._train_sums, reduce_op="sum")
+            checkpoint["train_epoch_sums"] = total.cpu()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        sums = checkpoint.get("train_epoch_sums")
+        trainer = self._trainer
+        if sums is not None and (trainer is None or trainer.global_rank == 0):
+            self._train_sums = sums.to(self.device)
+
     def on_train_epoch_end(self) -> None:
         if self._train_sums is None:
             return

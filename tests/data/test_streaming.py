@@ -1,0 +1,207 @@
+"""`data=streaming`: `python -m litforge.data optimize` on real image files, then training from
+the LitData shards — on one process, on two (DDP), and resumed after a kill -9."""
+
+import json
+import logging
+from collections import Counter
+
+import pytest
+from helpers import (
+    ROOT,
+    assert_same_run,
+    compose_config,
+    free_port,
+    run_script,
+    write_image_folder,
+    write_numbered_folder,
+)
+
+from litforge.data.image_folder import ImageFolderDataModule
+from litforge.errors import UserError
+
+pytest.importorskip("litdata", reason="data=streaming needs litdata: pip install -e '.[dev]'")
+
+from litforge.data.streaming import META_FILE, StreamingDataModule  # noqa: E402
+from litforge.pipeline import train  # noqa: E402
+
+CLASSES = ("cat", "dog", "fox")
+
+
+def optimize_cli(source, output, *extra):
+    return run_script("-m", "litforge.data", "optimize", str(source), str(output), *extra)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """A small folder of PNG and JPEG files, and its shards made by the command line."""
+    tmp = tmp_path_factory.mktemp("streaming")
+    source = write_image_folder(
+        tmp / "images",
+        {"train": dict.fromkeys(CLASSES, 30), "test": dict.fromkeys(CLASSES, 6)},
+    )
+    result = optimize_cli(source, tmp / "shards", "--workers", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Shards in" in result.stdout
+    return source, tmp / "shards"
+
+
+def test_optimize_writes_the_splits_image_folder_would_use(shards):
+    source, output = shards
+    meta = json.loads((output / META_FILE).read_text())
+    folder = ImageFolderDataModule(root=str(source), num_workers=0)
+    folder.inspect()
+    assert meta["class_names"] == list(CLASSES)
+    for split in ("train", "val", "test"):
+        assert meta["counts"][split] == [len(folder.splits[split][c]) for c in CLASSES]
+        assert (output / split / "index.json").is_file()
+    assert (meta["channels"], meta["image_size"]) == (3, 20)
+    assert meta["mean"] == folder.mean and meta["std"] == folder.std
+
+
+def test_training_on_shards_learns_and_logs_what_it_read(shards, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    _, output = shards
+    cfg = compose_config(
+        "train",
+        tmp_path,
+        [
+            "data=streaming",
+            f"data.input_dir={output}",
+            "data.batch_size=16",
+            "trainer.max_epochs=3",
+            "trainer.accelerator=cpu",
+            "callbacks.rich_progress_bar=null",
+        ],
+    )
+    metrics = train(cfg)
+    assert metrics["test/acc"] >= 0.9  # the bands are easy
+    log = caplog.text
+    assert f"Data: streaming from {output}: 3 classes, 3×20×20" in log
+    assert "Training images per class: 27 cat, 27 dog, 27 fox" in log
+
+
+@pytest.mark.parametrize("on_bad_file", ["error", "skip"])
+def test_a_file_that_does_not_decode_stops_optimize_or_is_left_out(tmp_path, on_bad_file):
+    source = write_image_folder(tmp_path / "images", {"train": {"cat": 4, "dog": 4}})
+    bad = source / "train" / "dog" / "0002.png"
+    bad.write_bytes(b"\x89PNG broken")
+    for name in ("cat", "dog"):  # statistics must not trip over it: a good copy first
+        (source / "train" / name / "0000.png").rename(source / "train" / name / "00.png")
+    output = tmp_path / "shards"
+    split = ["--val-fraction", "0", "--test-fraction", "0", "--workers", "1"]
+    result = optimize_cli(source, output, *split, "--on-bad-file", on_bad_file)
+    if on_bad_file == "error":
+        assert result.returncode == 1
+        assert result.stderr.strip().splitlines()[-1].startswith(f"error: cannot decode {bad}")
+        assert not output.exists()  # nothing half-written
+    else:
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert f"Left out 1 files that did not decode, e.g. {bad}" in result.stdout
+        assert json.loads((output / META_FILE).read_text())["counts"]["train"] == [4, 3]
+
+
+def test_what_cannot_stream_is_one_clear_error(tmp_path, shards):
+    source, output = shards
+    result = optimize_cli(source, output)
+    assert result.returncode == 1 and "exists and is not empty" in result.stderr
+    with pytest.raises(UserError, match="holds no streaming shards.*litforge.data optimize"):
+        StreamingDataModule(input_dir=str(tmp_path)).model_arguments()
+    with pytest.raises(ValueError, match="balance=sampler needs random access"):
+        StreamingDataModule(input_dir=str(output), balance="sampler")
+    with pytest.raises(UserError, match="give data.mean and data.std"):
+        StreamingDataModule(input_dir=str(output), channels=1).model_arguments()
+
+
+@pytest.mark.slow
+def test_two_processes_train_on_every_sample_once_per_epoch(tmp_path):
+    # 96 samples, 2 processes × 2 workers × batches of 8: nothing for LitData to even out.
+    source = write_numbered_folder(tmp_path / "images", 96)
+    output = tmp_path / "shards"
+    split = ["--val-fraction", "0", "--test-fraction", "0", "--workers", "2"]
+    assert optimize_cli(source, output, *split).returncode == 0
+    seen = tmp_path / "seen"
+    result = run_script(
+        "train.py",
+        "data=streaming",
+        f"data.input_dir={output}",
+        "data.batch_size=8",
+        "data.num_workers=2",
+        "strategy=ddp",
+        "trainer.devices=2",
+        "trainer.accelerator=cpu",
+        "trainer.max_epochs=2",
+        "trainer.limit_val_batches=0",  # no val/ shards: judged by the training loss
+        "optimized_metric=train/loss",
+        "optimized_metric_mode=min",
+        "test=false",
+        "callbacks.model_checkpoint=null",
+        "callbacks.rich_progress_bar=null",
+        "+callbacks.samples._target_=helpers.RecordSamples",
+        f"+callbacks.samples.path={seen}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        env={"MASTER_PORT": str(free_port()), "PYTHONPATH": str(ROOT / "tests")},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    per_rank = {}
+    for rank in (0, 1):
+        for line in (seen / f"rank{rank}.jsonl").read_text().splitlines():
+            batch = json.loads(line)
+            per_rank.setdefault((batch["epoch"], rank), []).extend(batch["ids"])
+    for epoch in (0, 1):
+        a, b = per_rank[(epoch, 0)], per_rank[(epoch, 1)]
+        assert len(a) == len(b) == 48  # the same number of steps on both
+        assert Counter(a + b) == Counter(range(96))  # every sample exactly once
+    assert per_rank[(0, 0)] != per_rank[(1, 0)]  # reshuffled each epoch
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("data", ["streaming", "image_folder"])
+def test_killed_mid_epoch_resumes_to_the_same_result(tmp_path, shards, data):
+    source, output = shards
+    common = [
+        f"data={data}",
+        f"data.input_dir={output}" if data == "streaming" else f"data.root={source}",
+        "data.batch_size=8",
+        "data.crop_scale=[0.6,1]",
+        "data.horizontal_flip=true",
+        "model.net.dropout=0.3",
+        "trainer.max_epochs=2",
+        "trainer.accelerator=cpu",
+        "trainer.deterministic=true",
+        "callbacks.last_checkpoint.every_n_train_steps=3",
+        "callbacks.rich_progress_bar=null",
+    ]
+    whole = run_script("train.py", *common, f"hydra.run.dir={tmp_path / 'whole'}")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    run = tmp_path / "killed"
+    fault = [  # killed after batch 6 of epoch 1 (10 a epoch), at step 17: saved at step 15
+        "+callbacks.fault._target_=helpers.SendSignal",
+        "+callbacks.fault.signal=SIGKILL",
+        "+callbacks.fault.epoch=1",
+        "+callbacks.fault.batch=6",
+    ]
+    env = {"PYTHONPATH": str(ROOT / "tests")}
+    killed = run_script("train.py", *common, *fault, f"hydra.run.dir={run}", env=env)
+    assert killed.returncode == -9 and not (run / "metrics.json").exists()
+    assert "(epoch 1, step 15)" in (run / "train.log").read_text()  # a mid-epoch checkpoint
+    resumed = run_script("train.py", *common, "ckpt_path=last", f"hydra.run.dir={run}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_run(run, tmp_path / "whole")
+
+
+@pytest.mark.slow
+def test_mlp_reaches_85_percent_streaming_exported_fashion_mnist(tmp_path, fashion_mnist_folder):
+    output = tmp_path / "shards"
+    assert optimize_cli(fashion_mnist_folder, output, "--workers", "2").returncode == 0
+    cfg = compose_config(
+        "train",
+        tmp_path,
+        [
+            "data=streaming",
+            f"data.input_dir={output}",
+            "data.batch_size=256",
+            "trainer.max_epochs=2",
+            "callbacks.rich_progress_bar=null",
+        ],
+    )
+    assert train(cfg)["test/acc"] >= 0.85
