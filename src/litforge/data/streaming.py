@@ -139,6 +139,10 @@ def optimize_folder(
                 ]
                 if not items:
                     continue
+                # Mixed, not class after class: a shard's chunks are read one after another, so
+                # a run would otherwise see a few classes at a time.
+                order = torch.randperm(len(items), generator=torch.Generator().manual_seed(0))
+                items = [items[i] for i in order.tolist()]
                 print(f"{split}: {len(items)} images")
                 litdata.optimize(
                     fn=functools.partial(shard_sample, bad_dir=bad_dir),
@@ -147,6 +151,7 @@ def optimize_folder(
                     chunk_bytes=chunk_bytes,
                     num_workers=max(1, min(num_workers or 1, len(items))),
                     mode="overwrite",
+                    reorder_files=False,  # keep the mixed order (LitData sorts by file size)
                 )
                 for report in Path(bad_dir).glob("*.txt"):
                     bad += report.read_text().splitlines()
