@@ -5,7 +5,7 @@ DATASET ?= fashion_mnist
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install data train test test-fast lint bench clean
+.PHONY: help install data train test test-fast lint bench bench-data clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -34,6 +34,9 @@ lint: .installed  ## ruff and file hygiene through pre-commit
 
 bench: data  ## seconds per epoch: the template against a hand-written loop (README, Benchmarks)
 	$(PYTHON) benchmarks/epoch_time.py --extras
+
+bench-data: data  ## images per second from files: torchvision vs data=image_folder vs data=streaming
+	$(PYTHON) benchmarks/data_loading.py
 
 clean:  ## remove run outputs (logs/) and caches; keeps data/
 	rm -rf logs outputs multirun .pytest_cache .ruff_cache

@@ -356,3 +356,17 @@ def fashion_mnist_dir() -> Path | None:
 NO_FASHION_MNIST = (
     "Fashion-MNIST not found: run `make data` (or apt-get install -y dataset-fashion-mnist)"
 )
+
+
+class RecordConfusion(L.Callback):
+    """`+callbacks.confusion._target_=helpers.RecordConfusion +callbacks.confusion.path=FILE`:
+    the test confusion matrix (rows: true class, columns: predicted) as JSON, after testing."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_test_end(self, trainer, pl_module) -> None:
+        import json
+
+        if trainer.is_global_zero:
+            self.path.write_text(json.dumps(pl_module.test_confusion_matrix.tolist()))

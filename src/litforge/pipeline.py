@@ -189,7 +189,12 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if configured and checkpoint.get("module_class"):
         log.info("model=... is not used: the checkpoint says what the model is.")
     datamodule = build_datamodule(cfg)
-    resume.check_same_dataset(checkpoint, datamodule.hparams.get("name"), cfg.ckpt_path)
+    resume.check_same_dataset(
+        checkpoint,
+        datamodule.hparams.get("name"),
+        cfg.ckpt_path,
+        datamodule.model_arguments().get("class_names"),
+    )
     model = resume.load_module(checkpoint, cfg.ckpt_path, default=configured)
     trainer = build_trainer(cfg)
     test(trainer, model, datamodule)

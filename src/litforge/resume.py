@@ -14,7 +14,7 @@ import logging
 import os
 import random
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -269,17 +269,32 @@ def checked_checkpoint(
             )
         return ckpt_path, None
     checkpoint = read_checkpoint(ckpt_path)
-    check_same_dataset(checkpoint, dataset, ckpt_path)
+    check_same_dataset(checkpoint, dataset, ckpt_path, model.hparams.get("class_names"))
     check_same_shapes(checkpoint["state_dict"], model.state_dict(), ckpt_path)
     return ckpt_path, checkpoint
 
 
-def check_same_dataset(checkpoint: dict[str, Any], dataset: str | None, ckpt_path: str) -> None:
+def check_same_dataset(
+    checkpoint: dict[str, Any],
+    dataset: str | None,
+    ckpt_path: str,
+    class_names: Sequence[str] | None = None,
+) -> None:
+    """The checkpoint was trained on the configured dataset, with the same classes (a folder of
+    your own images may have other ones under the same `data=image_folder`)."""
     trained_on = checkpoint.get("datamodule_hyper_parameters", {}).get("name")
     if trained_on and dataset and trained_on != dataset:
         raise UserError(
             f"{ckpt_path} was trained on '{trained_on}', the config selects "
             f"'{dataset}'. Add data={trained_on}."
+        )
+    trained_classes = checkpoint.get("hyper_parameters", {}).get("class_names")
+    if trained_classes and class_names and list(trained_classes) != list(class_names):
+        shown = ", ".join(trained_classes[:6]) + (", ..." if len(trained_classes) > 6 else "")
+        raise UserError(
+            f"{ckpt_path} was trained on other classes ({shown}) than the data has "
+            f"({', '.join(list(class_names)[:6])}{', ...' if len(class_names) > 6 else ''}): "
+            f"use data with the classes it was trained on."
         )
 
 

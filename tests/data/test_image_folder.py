@@ -1,6 +1,7 @@
 """`data=image_folder`: real PNG and JPEG files in the `root/<split>/<class>/<image>` layout."""
 
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -236,6 +237,12 @@ def test_train_then_eval_reads_the_same_folder(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     evaluated = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert evaluated["test/acc"] == pytest.approx(metrics["test/acc"], abs=1e-6)
+    other = write_image_folder(tmp_path / "other", {"train": {"cat": 2, "dog": 2, "owl": 2}})
+    result = run_script("eval.py", *overrides, f"data.root={other}", f"ckpt_path={checkpoint}")
+    assert result.returncode == 1
+    assert "was trained on other classes (cat, dog, fox) than the data has (cat, dog, owl)" in (
+        result.stderr
+    )
 
 
 @pytest.mark.slow
@@ -254,3 +261,35 @@ def test_mlp_reaches_85_percent_on_exported_fashion_mnist(tmp_path, fashion_mnis
     )
     metrics = train(cfg)
     assert metrics["test/acc"] >= 0.85
+
+
+@pytest.mark.slow
+def test_balancing_raises_the_recall_of_a_rare_class(tmp_path, fashion_mnist_folder):
+    # Shirts are easily taken for T-shirts; with 30 shirts to 1500 T-shirts a plain run
+    # rarely predicts "Shirt" at all.
+    root = tmp_path / "imbalanced"
+    for split, take in (("train", {"T-shirt_top": 1500, "Shirt": 30}), ("test", None)):
+        for name in ("T-shirt_top", "Shirt"):
+            files = sorted((fashion_mnist_folder / split / name).iterdir())
+            (root / split / name).mkdir(parents=True)
+            for path in files[: take[name] if take else 500]:
+                os.link(path, root / split / name / path.name)
+    recall = {}
+    for balance in ("none", "sampler", "loss"):
+        matrix_file = tmp_path / f"{balance}.json"
+        overrides = [
+            "data=image_folder",
+            f"data.root={root}",
+            f"data.balance={balance}",
+            "data.num_workers=0",
+            "trainer.max_epochs=4",
+            "callbacks.rich_progress_bar=null",
+            "+callbacks.confusion._target_=helpers.RecordConfusion",
+            f"+callbacks.confusion.path={matrix_file}",
+        ]
+        train(compose_config("train", tmp_path / balance, overrides))
+        matrix = json.loads(matrix_file.read_text())  # classes sorted: Shirt, T-shirt_top
+        recall[balance] = matrix[0][0] / sum(matrix[0])
+    print("recall of the rare class:", recall)
+    assert recall["sampler"] > recall["none"] + 0.2, recall
+    assert recall["loss"] > recall["none"] + 0.2, recall

@@ -1,0 +1,167 @@
+"""Images per second from image files to normalized float batches, three ways, on the same files:
+
+(a) torchvision's `ImageFolder` + `DataLoader` with per-sample transforms (Resize, CenterCrop,
+    ToTensor, Normalize): what users write by hand;
+(b) `data=image_folder` (`ImageFolderDataModule`);
+(c) `data=streaming` (`StreamingDataModule`) on the shards `python -m litforge.data optimize`
+    made of the same folder.
+
+Each loads the training split of two workloads, with no worker process and with `--workers`:
+
+- Fashion-MNIST written out by `python -m litforge.data export-images` (60,000 grayscale 28×28
+  PNGs), loaded at 28×28;
+- `--jpegs` color 224×224 JPEGs (quality 90) that the benchmark writes, loaded at 224×224.
+
+A pass is one epoch over the training images into batches of 256, normalized (for (b) and (c) by
+the datamodule's `on_after_batch_transfer`, as a run does on its device; here the CPU). The first
+pass warms up (worker start, caches); the median of `--passes` more is reported.
+
+    python benchmarks/data_loading.py                  # both workloads, 0 and 2 workers
+    python benchmarks/data_loading.py --workers 4 --jpegs 5000
+
+Made files are kept in `--data-dir` (default data/benchmarks) for the next run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+BATCH = 256
+
+
+def write_jpegs(root: Path, n: int, size: int = 224, classes: int = 10) -> Path:
+    """`root/train/c<k>/<i>.jpg`: smooth random color images, as compressible as photos."""
+    from PIL import Image
+
+    done = root / ".complete"
+    if done.is_file() and done.read_text() == str(n):
+        return root
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        coarse = rng.integers(0, 256, (size // 16, size // 16, 3), dtype=np.uint8)
+        image = Image.fromarray(coarse).resize((size, size), Image.BICUBIC)
+        folder = root / "train" / f"c{i % classes}"
+        folder.mkdir(parents=True, exist_ok=True)
+        image.save(folder / f"{i:06d}.jpg", quality=90)
+    done.write_text(str(n))
+    return root
+
+
+def run(command: list[str]) -> None:
+    result = subprocess.run([sys.executable, "-m", "litforge.data", *command])
+    if result.returncode != 0:
+        sys.exit(result.returncode)
+
+
+def fashion_mnist_folder(data_dir: Path) -> Path:
+    folder = data_dir / "fashion_mnist_images"
+    if not folder.is_dir():
+        run(["export-images", "fashion_mnist", str(folder)])
+    return folder
+
+
+def shards_of(folder: Path) -> Path:
+    shards = folder.with_name(folder.name + "_shards")
+    if not (shards / "litforge.json").is_file():
+        run(["optimize", str(folder), str(shards), "--val-fraction", "0", "--test-fraction", "0"])
+    return shards
+
+
+def torchvision_batches(folder: Path, size: int, channels: int, workers: int, mean, std):
+    from torchvision import datasets, transforms
+
+    steps = [transforms.Grayscale()] if channels == 1 else []
+    steps += [
+        transforms.Resize(size),
+        transforms.CenterCrop(size),
+        transforms.ToTensor(),
+        transforms.Normalize(mean, std),
+    ]
+    dataset = datasets.ImageFolder(folder / "train", transform=transforms.Compose(steps))
+    loader = torch.utils.data.DataLoader(
+        dataset, BATCH, shuffle=True, num_workers=workers, persistent_workers=workers > 0
+    )
+    return loader, lambda batch: batch
+
+
+def datamodule_batches(datamodule):
+    datamodule.setup("fit")
+    loader = datamodule.train_dataloader()
+    return loader, lambda batch: datamodule.on_after_batch_transfer(batch, 0)
+
+
+def images_per_second(loader, finish, passes: int) -> float:
+    rates = []
+    for _ in range(passes + 1):  # the first warms up
+        start, count = time.perf_counter(), 0
+        for batch in loader:
+            images, _ = finish(batch)
+            count += len(images)
+        rates.append(count / (time.perf_counter() - start))
+    return statistics.median(rates[1:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--jpegs", type=int, default=2000, help="224×224 JPEGs to write")
+    parser.add_argument("--passes", type=int, default=2, help="timed passes after the warm-up")
+    parser.add_argument("--data-dir", type=Path, default=Path("data/benchmarks"))
+    args = parser.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+
+    from litforge.data.image_folder import ImageFolderDataModule
+    from litforge.data.streaming import StreamingDataModule
+
+    args.data_dir.mkdir(parents=True, exist_ok=True)
+    workloads = [
+        ("Fashion-MNIST PNGs, 1×28×28", fashion_mnist_folder(args.data_dir), 28),
+        (
+            f"{args.jpegs} JPEGs, 3×224×224",
+            write_jpegs(args.data_dir / f"jpeg224_{args.jpegs}", args.jpegs),
+            224,
+        ),
+    ]
+    print(
+        f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"torch {torch.__version__}; batches of {BATCH}, median of {args.passes} passes"
+    )
+    print("| workload | workers | (a) torchvision ImageFolder | (b) data=image_folder | "
+          "(c) data=streaming | b / a | c / b |")
+    print("|---|---|---|---|---|---|---|")
+    for name, folder, size in workloads:
+        shards = shards_of(folder)
+        for workers in args.workers:
+            settings = {"batch_size": BATCH, "num_workers": workers}
+            image_folder = ImageFolderDataModule(
+                root=str(folder), val_fraction=0, test_fraction=0, **settings
+            )
+            streaming = StreamingDataModule(input_dir=str(shards), **settings)
+            image_folder.inspect()
+            rate_b = images_per_second(*datamodule_batches(image_folder), args.passes)
+            rate_c = images_per_second(*datamodule_batches(streaming), args.passes)
+            rate_a = images_per_second(
+                *torchvision_batches(
+                    folder, size, image_folder.channels, workers, image_folder.mean, image_folder.std
+                ),
+                args.passes,
+            )
+            print(
+                f"| {name} | {workers} | {rate_a:,.0f}/s | {rate_b:,.0f}/s | {rate_c:,.0f}/s "
+                f"| {rate_b / rate_a:.2f} | {rate_c / rate_b:.2f} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
