@@ -22,6 +22,7 @@ import functools
 import json
 import logging
 import shutil
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -152,6 +153,9 @@ def optimize_folder(
                     num_workers=max(1, min(num_workers or 1, len(items))),
                     mode="overwrite",
                     reorder_files=False,  # keep the mixed order (LitData sorts by file size)
+                    # Forked workers start with the parent's imports (torch: seconds each when
+                    # spawned); macOS forks unsafely, and keeps LitData's default.
+                    start_method="fork" if sys.platform == "linux" else None,
                 )
                 for report in Path(bad_dir).glob("*.txt"):
                     bad += report.read_text().splitlines()
@@ -319,6 +323,10 @@ class StreamingDataModule(ImageDataModule):
             max_cache_size=hp.max_cache_size,
             shuffle=train,
             seed=global_seed(),
+            # One item at a time: LitData's default deserializes a window of items around
+            # each one read, and shuffled reads in worker processes kept redoing it (3x
+            # slower on the exported Fashion-MNIST with 2 workers, benchmarks/data_loading.py).
+            batch_decode=False,
             # Training: whole batches only. Each worker process of each training process
             # leaves out its last partial batch (DDP needs the same number of steps on every
             # process; batch norm cannot train on one image): fewer than num_workers × batch_size
