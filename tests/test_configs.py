@@ -3,12 +3,13 @@ it says; the trainer gets exactly what the config lists."""
 
 import pytest
 import torch
-from helpers import CONF, compose_config
+from helpers import CONF, compose_config, write_image_folder
 from hydra.utils import get_class
-from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import OmegaConf, open_dict
 
 from hydra_plugins.litforge.optuna_sweeper import OptunaSweeper
+from litforge.callbacks import LearningRateMonitor
+from litforge.data.streaming import optimize_folder
 from litforge.errors import UserError
 from litforge.pipeline import build_datamodule, build_model, build_trainer, start
 from litforge.resume import AtomicCheckpointIO
@@ -37,10 +38,24 @@ def targets(group) -> set[type]:
     return {get_class(entry._target_) for entry in (group or {}).values() if entry}
 
 
+@pytest.fixture(scope="module")
+def own_data(tmp_path_factory) -> dict[str, list[str]]:
+    """What data=image_folder and data=streaming need: a folder of images, and its shards."""
+    tmp = tmp_path_factory.mktemp("own_data")
+    folder = write_image_folder(tmp / "images", {"train": {"cat": 4, "dog": 4}})
+    optimize_folder(str(folder), str(tmp / "shards"), 0, 0, num_workers=1)
+    return {
+        "image_folder": [f"data.root={folder}", "data.num_workers=0"],
+        "streaming": [f"data.input_dir={tmp / 'shards'}", "data.num_workers=0"],
+    }
+
+
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
-def test_option_composes_resolves_and_builds(tmp_path, monkeypatch, group, option):
+def test_option_composes_resolves_and_builds(tmp_path, monkeypatch, own_data, group, option):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     overrides = [f"{group}={option}"] + (["trainer.accelerator=cpu"] if group == "strategy" else [])
+    if group == "data":
+        overrides += own_data.get(option, [])
     cfg = compose_config("train", tmp_path, overrides, keep_hydra=True)
     # Every interpolation has a value, Hydra's run and sweep folders and sweeper included.
     resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
