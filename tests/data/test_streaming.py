@@ -58,6 +58,26 @@ def test_optimize_writes_the_splits_image_folder_would_use(shards):
     assert meta["mean"] == folder.mean and meta["std"] == folder.std
 
 
+def test_shards_of_pixels_give_the_batches_shards_of_files_give(shards, tmp_path):
+    source, files = shards
+    pixels = tmp_path / "pixels"
+    optimize_folder(str(source), str(pixels), store="pixels", num_workers=2)
+    assert json.loads((pixels / META_FILE).read_text())["store"] == "pixels"
+    samples = []
+    for input_dir in (files, pixels):
+        datamodule = StreamingDataModule(input_dir=str(input_dir), batch_size=16, num_workers=0)
+        datamodule.setup("test")
+        images = [
+            (image.numpy().tobytes(), int(label))
+            for batch in datamodule.test_dataloader()
+            for image, label in zip(*batch, strict=True)
+        ]
+        samples.append(sorted(images))  # LitData's workers may lay the chunks out in any order
+    assert len(samples[0]) == 18 and samples[0] == samples[1]
+    with pytest.raises(UserError, match="holds 3-channel pixels, data.channels=1"):
+        StreamingDataModule(input_dir=str(pixels), channels=1).model_arguments()
+
+
 def test_training_on_shards_learns_and_logs_what_it_read(shards, tmp_path, caplog):
     caplog.set_level(logging.INFO)
     _, output = shards

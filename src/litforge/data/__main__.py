@@ -148,6 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     optimize_parser.add_argument(
         "--workers", type=int, default=os.cpu_count(), help="processes (default: one per CPU)"
     )
+    optimize_parser.add_argument(
+        "--store",
+        choices=("files", "pixels"),
+        default="files",
+        help="files: the image files' bytes (compact); pixels: decoded, at --image-size "
+        "(no decoding when training, more disk)",
+    )
+    optimize_parser.add_argument("--image-size", type=int, help="pixels: default as the images")
+    optimize_parser.add_argument("--channels", type=int, choices=(1, 3))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     try:
@@ -171,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
                 on_bad_file=args.on_bad_file,
                 chunk_bytes=args.chunk_bytes,
                 num_workers=args.workers,
+                store=args.store,
+                image_size=args.image_size,
+                channels=args.channels,
             )
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -78,14 +78,21 @@ def check_decodes(data: bytes) -> None:
         decode(data, None)
 
 
-def shard_sample(item: tuple[str, int], bad_dir: str) -> dict | None:
-    """A sample of `optimize`'s shards (`streaming.py`): the file's bytes as they are, and its
-    label. A file that does not decode is left out (None), its name written into `bad_dir` for
-    the parent process to report. Runs in LitData's worker processes."""
+def shard_sample(
+    item: tuple[str, int], bad_dir: str, pixels: tuple[int, int] | None = None
+) -> dict | None:
+    """A sample of `optimize`'s shards (`streaming.py`): the file's bytes as they are, or with
+    `pixels=(channels, size)` its decoded uint8 pixels fitted to size×size; and its label. A file
+    that does not decode is left out (None), its name written into `bad_dir` for the parent
+    process to report. Runs in LitData's worker processes."""
     path, label = item
     try:
         data = Path(path).read_bytes()
-        check_decodes(data)
+        if pixels is None:
+            check_decodes(data)
+        else:
+            channels, size = pixels
+            data = fit(decode(data, channels), size).contiguous().numpy().tobytes()
     except (BadImageError, OSError) as err:
         with open(Path(bad_dir) / f"{os.getpid()}.txt", "a") as out:
             out.write(f"{path} ({err})\n")
@@ -146,7 +153,8 @@ def random_crop_box(
 
 @dataclass(frozen=True)
 class SampleTransform:
-    """Encoded bytes → uint8 `channels`×`size`×`size`, as evaluation or training wants it.
+    """Encoded bytes (or stored pixels) → uint8 `channels`×`size`×`size`, as evaluation or
+    training wants it.
 
     `crop_scale` (training): a random crop covering this fraction range of the image, resized to
     `size`; None: the evaluation fit. `horizontal_flip` (training): mirror half the images.
@@ -159,9 +167,13 @@ class SampleTransform:
     crop_scale: tuple[float, float] | None = None
     horizontal_flip: bool = False
     seed: int = 0
+    stored: tuple[int, int, int] | None = None  # shards of pixels (C, H, W), not files
 
     def __call__(self, data: bytes, index: int, epoch: int) -> torch.Tensor:
-        image = decode(data, self.channels)
+        if self.stored is None:
+            image = decode(data, self.channels)
+        else:
+            image = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(self.stored)
         if not self.train or (self.crop_scale is None and not self.horizontal_flip):
             return fit(image, self.size)
         from torchvision.transforms.v2 import functional as F

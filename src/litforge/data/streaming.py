@@ -4,9 +4,10 @@
     python train.py data=streaming data.input_dir=OUT_DIR  # OUT_DIR: a folder or s3://bucket/...
 
 `optimize_folder` checks and splits the folder as `data=image_folder` would (the same carved
-val/test), checks that every image decodes, then writes each split's encoded files, unchanged, into
-chunked shards (`OUT_DIR/<split>/`, LitData's format) with worker processes, and the classes, counts
-and pixel statistics into `OUT_DIR/litforge.json`.
+val/test), checks that every image decodes, then writes each split's encoded files, unchanged (or
+with `store="pixels"` their decoded pixels), into chunked shards (`OUT_DIR/<split>/`, LitData's
+format) with worker processes, and the classes, counts and pixel statistics into
+`OUT_DIR/litforge.json`.
 
 `StreamingDataModule` reads the shards with LitData's `StreamingDataset` and `StreamingDataLoader`:
 chunks are fetched ahead into a local cache of bounded size, each process of a multi-process run
@@ -38,6 +39,10 @@ log = logging.getLogger(__name__)
 
 META_FILE = "litforge.json"
 META_FORMAT = 1
+# What a shard sample holds: the image file's bytes (compact: a JPEG stays a JPEG; decoded every
+# epoch), or its decoded pixels at the size it was optimized for (no decoding when training: for
+# a 224×224 JPEG ~10× the bytes; the random crops can only cut into that size).
+STORES = ("files", "pixels")
 
 
 def import_litdata():
@@ -111,15 +116,24 @@ def optimize_folder(
     on_bad_file: str = "error",
     chunk_bytes: str = "64MB",
     num_workers: int | None = None,
+    store: str = "files",
+    image_size: int | None = None,
+    channels: int | None = None,
 ) -> None:
-    """Write the image folder `source` as streaming shards into `output` (see the module doc)."""
+    """Write the image folder `source` as streaming shards into `output` (see the module doc).
+    `store="pixels"`: decoded uint8 pixels, fitted to `image_size` (default: as the images),
+    instead of the files' bytes: no decoding when training, for more disk (see STORES)."""
     litdata = import_litdata()
+    if store not in STORES:
+        raise UserError(f"--store {store} is not one of: {', '.join(STORES)}.")
     folder = ImageFolderDataModule(
         root=source,
         val_fraction=val_fraction,
         test_fraction=test_fraction,
         split_seed=split_seed,
         on_bad_file=on_bad_file,
+        image_size=image_size,
+        channels=channels,
     )
     local = not is_url(output)
     if local:
@@ -129,6 +143,7 @@ def optimize_folder(
         output = str(out.resolve())
     folder.inspect()  # the folder's checks, splits, shape and statistics
     counts, bad = {}, []
+    pixels = (folder.channels, folder.image_size) if store == "pixels" else None
     try:
         with tempfile.TemporaryDirectory() as bad_dir:
             for split in SPLITS:
@@ -146,7 +161,7 @@ def optimize_folder(
                 items = [items[i] for i in order.tolist()]
                 print(f"{split}: {len(items)} images")
                 litdata.optimize(
-                    fn=functools.partial(shard_sample, bad_dir=bad_dir),
+                    fn=functools.partial(shard_sample, bad_dir=bad_dir, pixels=pixels),
                     inputs=items,
                     output_dir=f"{output.rstrip('/')}/{split}",
                     chunk_bytes=chunk_bytes,
@@ -181,6 +196,7 @@ def optimize_folder(
         "source": str(Path(source).expanduser().resolve()),
         "class_names": list(folder.class_names),
         "counts": counts,
+        "store": store,
         "channels": folder.channels,
         "image_size": folder.image_size,
         "mean": folder.mean,
@@ -268,6 +284,12 @@ class StreamingDataModule(ImageDataModule):
         self.train_counts = meta["counts"]["train"]
         self.channels = hp.channels or meta["channels"]
         self.image_size = hp.image_size or meta["image_size"]
+        if meta.get("store", "files") == "pixels" and self.channels != meta["channels"]:
+            raise UserError(
+                f"{hp.input_dir} holds {meta['channels']}-channel pixels, data.channels="
+                f"{self.channels}: leave data.channels unset, or optimize with --channels "
+                f"{self.channels}."
+            )
         if hp.mean is not None:
             self.mean, self.std = list(hp.mean), list(hp.std)
         elif self.channels == meta["channels"]:
@@ -293,6 +315,12 @@ class StreamingDataModule(ImageDataModule):
         )
         self.log_class_counts()
 
+    def _stored_shape(self) -> tuple[int, int, int] | None:
+        meta = self.meta
+        if meta.get("store", "files") != "pixels":
+            return None
+        return meta["channels"], meta["image_size"], meta["image_size"]
+
     def setup(self, stage: str | None = None) -> None:
         self.inspect()
         # LitData gives each worker process its own chunks, so Lightning's warning that a
@@ -315,6 +343,7 @@ class StreamingDataModule(ImageDataModule):
             crop_scale=hp.crop_scale if train else None,
             horizontal_flip=hp.horizontal_flip and train,
             seed=global_seed(),
+            stored=self._stored_shape(),
         )
         dataset = image_stream_class()(
             f"{hp.input_dir.rstrip('/')}/{split}",
