@@ -4,7 +4,8 @@
     ToTensor, Normalize): what users write by hand;
 (b) `data=image_folder` (`ImageFolderDataModule`);
 (c) `data=streaming` (`StreamingDataModule`) on the shards `python -m litforge.data optimize`
-    made of the same folder.
+    made of the same folder (the files' bytes, the default);
+(d) the same on shards of decoded pixels (`optimize --store pixels`): no decoding when training.
 
 Each loads the training split of two workloads, with no worker process and with `--workers`:
 
@@ -70,10 +71,11 @@ def fashion_mnist_folder(data_dir: Path) -> Path:
     return folder
 
 
-def shards_of(folder: Path) -> Path:
-    shards = folder.with_name(folder.name + "_shards")
+def shards_of(folder: Path, store: str) -> Path:
+    shards = folder.with_name(f"{folder.name}_shards" + ("" if store == "files" else f"_{store}"))
     if not (shards / "litforge.json").is_file():
-        run(["optimize", str(folder), str(shards), "--val-fraction", "0", "--test-fraction", "0"])
+        split = ["--val-fraction", "0", "--test-fraction", "0"]
+        run(["optimize", str(folder), str(shards), *split, "--store", store])
     return shards
 
 
@@ -136,29 +138,39 @@ def main() -> None:
         f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
         f"torch {torch.__version__}; batches of {BATCH}, median of {args.passes} passes"
     )
-    print("| workload | workers | (a) torchvision ImageFolder | (b) data=image_folder | "
-          "(c) data=streaming | b / a | c / b |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| workload | workers | (a) torchvision ImageFolder | (b) data=image_folder | "
+        "(c) data=streaming | (d) streaming pixels | b / a | c / b | d / b |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, folder, size in workloads:
-        shards = shards_of(folder)
+        shards, pixels = shards_of(folder, "files"), shards_of(folder, "pixels")
         for workers in args.workers:
             settings = {"batch_size": BATCH, "num_workers": workers}
             image_folder = ImageFolderDataModule(
                 root=str(folder), val_fraction=0, test_fraction=0, **settings
             )
             streaming = StreamingDataModule(input_dir=str(shards), **settings)
+            streaming_pixels = StreamingDataModule(input_dir=str(pixels), **settings)
             image_folder.inspect()
             rate_b = images_per_second(*datamodule_batches(image_folder), args.passes)
             rate_c = images_per_second(*datamodule_batches(streaming), args.passes)
+            rate_d = images_per_second(*datamodule_batches(streaming_pixels), args.passes)
             rate_a = images_per_second(
                 *torchvision_batches(
-                    folder, size, image_folder.channels, workers, image_folder.mean, image_folder.std
+                    folder,
+                    size,
+                    image_folder.channels,
+                    workers,
+                    image_folder.mean,
+                    image_folder.std,
                 ),
                 args.passes,
             )
             print(
                 f"| {name} | {workers} | {rate_a:,.0f}/s | {rate_b:,.0f}/s | {rate_c:,.0f}/s "
-                f"| {rate_b / rate_a:.2f} | {rate_c / rate_b:.2f} |",
+                f"| {rate_d:,.0f}/s | {rate_b / rate_a:.2f} | {rate_c / rate_b:.2f} "
+                f"| {rate_d / rate_b:.2f} |",
                 flush=True,
             )
 
