@@ -97,7 +97,7 @@ def torchvision_batches(folder: Path, size: int, channels: int, workers: int, me
 
 
 def datamodule_batches(datamodule):
-    datamodule.setup("fit")
+    datamodule.inspect()  # not setup("fit"): these folders have no validation images
     loader = datamodule.train_dataloader()
     return loader, lambda batch: datamodule.on_after_batch_transfer(batch, 0)
 

@@ -100,9 +100,14 @@ class LastCheckpoint(ModelCheckpoint):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         step = trainer.global_step
-        if self.every_n_steps and step % self.every_n_steps == 0 and step != self._last_step:
-            self._last_step = step  # accumulating batches repeat a step number
-            self._save_checkpoint(trainer, str(self.path))
+        if not self.every_n_steps or step == 0 or step % self.every_n_steps:
+            return
+        if step == self._last_step:  # batches accumulated into one step repeat its number
+            return
+        if batch_idx + 1 >= trainer.num_training_batches:
+            return  # the epoch's save follows, after validation (the same step would skip it)
+        self._last_step = step
+        self._save_checkpoint(trainer, str(self.path))
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException

@@ -44,6 +44,16 @@ def test_classes_shape_and_carved_splits(tmp_path):
     assert other.splits["val"] != dm.splits["val"]
 
 
+def test_hidden_files_are_ignored_and_a_missing_split_is_named(tmp_path):
+    root = folder(tmp_path, train=5)
+    (root / "train" / "cat" / "._0000.png").write_bytes(b"macOS metadata, not an image")
+    dm = make(root, val_fraction=0)
+    dm.inspect()
+    assert sum(map(len, dm.splits["train"].values())) == 15  # no ._ file; 10% of 5 rounds to 0
+    with pytest.raises(UserError, match="no val images.*data.val_fraction=0"):
+        dm.setup("fit")
+
+
 def test_a_test_folder_is_used_as_it_is(tmp_path):
     dm = make(folder(tmp_path, train=10, test=3))
     dm.inspect()
@@ -143,6 +153,7 @@ def test_processes_share_out_each_epoch(tmp_path):
         ("unknown_class", "has classes the train split lacks: zebra"),
         ("stray_image", "images outside class folders"),
         ("mixed_sizes", "set data.image_size"),
+        ("too_few", "class 'cat' has 1 training image"),
     ],
 )
 def test_a_folder_that_cannot_work_is_one_clear_error_before_training(tmp_path, layout, words):
@@ -161,6 +172,11 @@ def test_a_folder_that_cannot_work_is_one_clear_error_before_training(tmp_path, 
         (root / "train" / "cat" / "0000.png").rename(root / "train" / "loose.png")
     if layout == "mixed_sizes":
         write_image_folder(root, {"train": {"cat": 2}}, size=(30, 30), seed=1)
+    if layout == "too_few":  # 10% of one image rounds to none, 60% to one: none left
+        write_image_folder(root, {"train": {"cat": 1}})
+        with pytest.raises(UserError, match=words):
+            make(root, val_fraction=0.6, test_fraction=0.1).model_arguments()
+        return
     with pytest.raises(UserError, match=words):
         make(root).model_arguments()
 
@@ -168,12 +184,13 @@ def test_a_folder_that_cannot_work_is_one_clear_error_before_training(tmp_path, 
 @pytest.mark.parametrize("on_bad_file", ["error", "skip"])
 def test_a_file_that_does_not_decode_stops_the_run_or_is_skipped(tmp_path, on_bad_file):
     root = folder(tmp_path, train=10)
-    settings = {"batch_size": 100, "val_fraction": 0, "test_fraction": 0}
+    # Statistics from one good file: the bad one is met when loading (as in a large folder).
+    settings = {"batch_size": 100, "val_fraction": 0, "test_fraction": 0, "stats_images": 1}
     make(root, **settings).inspect()  # statistics cached while every file is good
     bad = root / "train" / "dog" / "0003.jpg"
     bad.write_bytes(b"\xff\xd8\xff not really a jpeg")
     dm = make(root, on_bad_file=on_bad_file, **settings)
-    dm.setup("fit")
+    dm.inspect()  # (no validation images to set up)
     loader = dm.train_dataloader()
     if on_bad_file == "error":
         with pytest.raises(UserError, match=f"cannot decode {bad}.*data.on_bad_file=skip"):
@@ -186,7 +203,7 @@ def test_a_file_that_does_not_decode_stops_the_run_or_is_skipped(tmp_path, on_ba
 def test_balance_by_sampler_or_loss(tmp_path):
     root = write_image_folder(tmp_path / "images", {"train": {"common": 40, "rare": 4}})
     sampled = make(root, balance="sampler", val_fraction=0, test_fraction=0, batch_size=44)
-    sampled.setup("fit")
+    sampled.inspect()
     loader = sampled.train_dataloader()
     labels = []
     for epoch in range(5):

@@ -46,6 +46,20 @@ def test_channels_convert_or_stay_as_the_file_has_them():
     assert decode(encoded(rgba, "PNG"), None).shape == (3, 12, 16)  # alpha dropped
 
 
+def test_gifs_decode_to_the_channels_asked_for_and_their_first_frame():
+    gray = RGB[:, :, 0]
+    still = encoded(gray, "GIF")
+    assert decode(still, 1).shape == (1, 12, 16)
+    assert decode(still, 3).shape == (3, 12, 16)
+    frames = [Image.fromarray(RGB), Image.fromarray(255 - RGB)]
+    out = io.BytesIO()
+    frames[0].save(out, format="GIF", save_all=True, append_images=frames[1:])
+    animated = out.getvalue()
+    assert decode(animated, 3).shape == (3, 12, 16)
+    assert decode(animated, None).shape == (3, 12, 16)
+    assert decode(animated, 1).shape == (1, 12, 16)
+
+
 def test_broken_bytes_are_a_bad_image():
     png = encoded(RGB, "PNG")
     for data in (b"not an image at all", png[: len(png) // 2]):
@@ -81,10 +95,10 @@ def test_fit_resizes_the_shorter_side_and_keeps_the_center():
 def test_training_crops_are_seeded_per_sample_and_epoch():
     data = encoded(RGB, "PNG")
     train = SampleTransform(3, 8, train=True, crop_scale=(0.3, 0.6), horizontal_flip=True, seed=1)
-    a = train(data, index=5, epoch=0)
+    a = train(data, key=5, epoch=0)
     assert a.shape == (3, 8, 8)
-    assert torch.equal(a, train(data, index=5, epoch=0))  # any worker, any resume: the same
-    others = [train(data, index=5, epoch=e) for e in range(1, 6)]
+    assert torch.equal(a, train(data, key=5, epoch=0))  # any worker, any resume: the same
+    others = [train(data, key=5, epoch=e) for e in range(1, 6)]
     assert any(not torch.equal(a, b) for b in others)  # a new crop each epoch
     evaluation = SampleTransform(3, 8)
     assert torch.equal(evaluation(data, 5, 0), evaluation(data, 5, 3))

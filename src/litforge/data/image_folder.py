@@ -17,6 +17,7 @@ is left out of its batch and counted (`"skip"`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -44,14 +45,24 @@ log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
 STATS_FILE = ".litforge-stats.json"
-STATS_FORMAT = 1
+STATS_FORMAT = 2
 ON_BAD_FILE = ("error", "skip")
 
 Files = dict[str, list[Path]]  # class name -> image files
 
 
 def is_image(entry: os.DirEntry) -> bool:
-    return entry.is_file() and entry.name.lower().endswith(IMAGE_SUFFIXES)
+    # Hidden files are no images: macOS leaves `._IMG_1.jpg` metadata beside copied photos.
+    name = entry.name
+    return not name.startswith(".") and name.lower().endswith(IMAGE_SUFFIXES) and entry.is_file()
+
+
+def cannot_decode(bad: str, skip_option: str = "data.on_bad_file=skip") -> UserError:
+    """The one line for a file that does not decode (`bad`: "path (reason)")."""
+    return UserError(
+        f"cannot decode {bad}: fix or remove the file, or set {skip_option} to leave such "
+        f"files out."
+    )
 
 
 def scan_split(folder: Path) -> Files:
@@ -121,13 +132,20 @@ def carve(files: Files, fractions: dict[str, float], seed: int) -> dict[str, Fil
             n = round(fraction * len(paths))
             carved[split][name] = [paths[i] for i in sorted(order[start : start + n])]
             start += n
+        if start >= len(paths):
+            shares = ", ".join(f"data.{split}_fraction={f}" for split, f in fractions.items())
+            raise UserError(
+                f"class '{name}' has {len(paths)} training image(s): {shares} leave(s) it none "
+                f"to train on. Add images, or lower the fractions."
+            )
         carved["train"][name] = [paths[i] for i in sorted(order[start:])]
     return carved
 
 
 class ImageFiles(Dataset):
-    """Image files with labels. A batch is fetched at once (`__getitems__`, given
-    `(epoch, indices)`): uint8 images N×C×S×S, int64 labels, and the files that did not decode."""
+    """Image files with labels. A batch is fetched at once (`__getitems__`, given `(epoch,
+    first key, indices)`, the keys numbering the samples of the epoch): uint8 images N×C×S×S,
+    int64 labels, and the files that did not decode ("path (reason)")."""
 
     def __init__(self, paths: list[Path], labels: list[int], transform: SampleTransform) -> None:
         self.paths, self.labels, self.transform = paths, labels, transform
@@ -135,13 +153,13 @@ class ImageFiles(Dataset):
     def __len__(self) -> int:
         return len(self.paths)
 
-    def __getitems__(self, batch: tuple[int, list[int]]):
-        epoch, indices = batch
+    def __getitems__(self, batch: tuple[int, int, list[int]]):
+        epoch, first_key, indices = batch
         images, labels, bad = [], [], []
-        for index in indices:
+        for key, index in enumerate(indices, start=first_key):
             path = self.paths[index]
             try:
-                images.append(self.transform(path.read_bytes(), index, epoch))
+                images.append(self.transform(path.read_bytes(), key, epoch))
             except (BadImageError, OSError) as err:
                 bad.append(f"{path} ({err})")
                 continue
@@ -172,11 +190,12 @@ class _EpochBatches:
     def __len__(self) -> int:
         return self.batches() - self.skip
 
-    def __iter__(self) -> Iterator[tuple[int, list[int]]]:
+    def __iter__(self) -> Iterator[tuple[int, int, list[int]]]:
         indices = self.sampler.indices().tolist()
+        first_key = self.sampler.rank * len(self.sampler)  # unique over processes
         for batch in range(self.skip, self.batches()):
             start = batch * self.batch_size
-            yield self.sampler.epoch, indices[start : start + self.batch_size]
+            yield self.sampler.epoch, first_key + start, indices[start : start + self.batch_size]
 
 
 class FileBatchLoader:
@@ -231,18 +250,17 @@ class FileBatchLoader:
         self.skipped = 0
         for images, labels, bad in self._loader:
             if bad and self.on_bad_file == "error":
+                raise cannot_decode(bad[0])
+            if images is None:  # no batch to give: under DDP the processes would fall out of step
                 raise UserError(
-                    f"cannot decode {bad[0]}: fix or remove the file, or set "
-                    f"data.on_bad_file=skip to leave such files out."
+                    f"none of the {len(bad)} files of a batch decodes (e.g. {bad[0]}): the "
+                    f"folder looks damaged."
                 )
-            self.skipped += len(bad)
+            for line in bad:
+                self.skipped += 1
+                log.warning(f"Left out {line} ({self.skipped} this epoch; data.on_bad_file=skip)")
             self._handed_out += 1
-            if images is not None:  # a batch of nothing but bad files is left out
-                yield images, labels
-        if self.skipped:
-            log.warning(
-                f"Left out {self.skipped} files that did not decode (data.on_bad_file=skip)."
-            )
+            yield images, labels
 
 
 BALANCES = ("none", "sampler", "loss")
@@ -253,6 +271,34 @@ def class_weights(counts: list[int]) -> list[float]:
     (a class with the average count weighs 1)."""
     total, k = sum(counts), len(counts)
     return [round(total / (k * max(n, 1)), 6) for n in counts]
+
+
+def check_image_arguments(
+    batch_size, image_size, channels, crop_scale, mean, std, num_workers, balance
+) -> tuple[float, float] | None:
+    """ValueError naming the first argument that cannot work (image_folder's and streaming's
+    alike); returns `crop_scale` as a tuple."""
+    for problem in (
+        number_problem("batch_size", batch_size, integer=True, minimum=1),
+        image_size is not None
+        and number_problem("image_size", image_size, integer=True, minimum=1),
+        number_problem("num_workers", num_workers, integer=True, minimum=0),
+    ):
+        if problem:
+            raise ValueError(problem)
+    if channels not in (None, 1, 3):
+        raise ValueError(f"channels={channels!r} is not one of: 1, 3, null (as the images).")
+    if crop_scale is not None and not (
+        len(crop_scale) == 2 and 0 < crop_scale[0] <= crop_scale[1] <= 1
+    ):
+        raise ValueError(
+            f"crop_scale={list(crop_scale)} is no [low, high] range within (0, 1], e.g. [0.35, 1]."
+        )
+    if (mean is None) != (std is None):
+        raise ValueError("mean and std go together: give both or neither.")
+    if balance not in BALANCES:
+        raise ValueError(f"balance={balance!r} is not one of: {', '.join(BALANCES)}.")
+    return None if crop_scale is None else tuple(float(v) for v in crop_scale)
 
 
 class ImageDataModule(L.LightningDataModule):
@@ -296,6 +342,38 @@ class ImageDataModule(L.LightningDataModule):
         how = {"none": "", "sampler": " (balanced by sampling)", "loss": " (balanced in the loss)"}
         log.info(f"Training images per class{how[balance]}: {counts}")
 
+    def stored_shape(self) -> tuple[int, int, int] | None:
+        """The shape of stored pixels, where samples are no encoded files."""
+        return None
+
+    def sample_transform(self, train: bool) -> SampleTransform:
+        hp = self.hparams
+        return SampleTransform(
+            self.channels,
+            self.image_size,
+            train=train,
+            crop_scale=hp.crop_scale if train else None,
+            horizontal_flip=hp.horizontal_flip and train,
+            seed=global_seed(),
+            stored=self.stored_shape(),
+        )
+
+    def pin_memory(self) -> bool:
+        on_gpu = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+        return on_gpu if self.hparams.pin_memory is None else self.hparams.pin_memory
+
+    def _loader(self, split: str, train: bool):
+        raise NotImplementedError
+
+    def train_dataloader(self):
+        return self._loader("train", train=True)
+
+    def val_dataloader(self):
+        return self._loader("val", train=False)
+
+    def test_dataloader(self):
+        return self._loader("test", train=False)
+
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         images, labels = batch
         if images.dtype == torch.uint8:
@@ -331,14 +409,13 @@ class ImageFolderDataModule(ImageDataModule):
         balance: str = "none",
     ) -> None:
         super().__init__()
+        crop_scale = check_image_arguments(
+            batch_size, image_size, channels, crop_scale, mean, std, num_workers, balance
+        )
         for problem in (
-            number_problem("batch_size", batch_size, integer=True, minimum=1),
-            image_size is not None
-            and number_problem("image_size", image_size, integer=True, minimum=1),
             number_problem("val_fraction", val_fraction),
             number_problem("test_fraction", test_fraction),
             number_problem("stats_images", stats_images, integer=True, minimum=1),
-            number_problem("num_workers", num_workers, integer=True, minimum=0),
         ):
             if problem:
                 raise ValueError(problem)
@@ -347,25 +424,10 @@ class ImageFolderDataModule(ImageDataModule):
                 f"val_fraction={val_fraction} and test_fraction={test_fraction} leave no "
                 f"training images: their sum must be below 1."
             )
-        if channels not in (None, 1, 3):
-            raise ValueError(f"channels={channels!r} is not one of: 1, 3, null (as the images).")
-        if crop_scale is not None and not (
-            len(crop_scale) == 2 and 0 < crop_scale[0] <= crop_scale[1] <= 1
-        ):
-            raise ValueError(
-                f"crop_scale={list(crop_scale)} is no [low, high] range within (0, 1], "
-                f"e.g. [0.35, 1]."
-            )
-        if (mean is None) != (std is None):
-            raise ValueError("mean and std go together: give both or neither.")
         if on_bad_file not in ON_BAD_FILE:
             raise ValueError(
                 f"on_bad_file={on_bad_file!r} is not one of: {', '.join(ON_BAD_FILE)}."
             )
-        if balance not in BALANCES:
-            raise ValueError(f"balance={balance!r} is not one of: {', '.join(BALANCES)}.")
-        if crop_scale is not None:
-            crop_scale = tuple(float(v) for v in crop_scale)
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         arguments["root"] = str(Path(root).expanduser().resolve())
         self.save_hyperparameters({"name": "image_folder", **arguments})
@@ -404,10 +466,9 @@ class ImageFolderDataModule(ImageDataModule):
         hp = self.hparams
         key = {
             "format": STATS_FORMAT,
-            "train_images": sum(self.train_counts),
+            "sampled_files": self._fingerprint(),  # other files, other statistics
             "channels": hp.channels,
             "image_size": hp.image_size,
-            "stats_images": hp.stats_images,
         }
         cache = root / STATS_FILE
         cached = self._read_stats(cache, key)
@@ -425,6 +486,14 @@ class ImageFolderDataModule(ImageDataModule):
                 )
         return channels, size, mean, std
 
+    def _fingerprint(self) -> str:
+        """Names, sizes and modification times of the files the statistics are computed from."""
+        digest = hashlib.sha1()
+        for path in self._sample_files():
+            stat = path.stat()
+            digest.update(f"{path}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
+        return digest.hexdigest()
+
     def _compute_stats(self) -> tuple[int, int, list[float], list[float]]:
         hp = self.hparams
         decoded = []
@@ -433,10 +502,7 @@ class ImageFolderDataModule(ImageDataModule):
                 decoded.append(decode(path.read_bytes(), hp.channels))
             except (BadImageError, OSError) as err:
                 if hp.on_bad_file == "error":
-                    raise UserError(
-                        f"cannot decode {path} ({err}): fix or remove the file, or set "
-                        f"data.on_bad_file=skip to leave such files out."
-                    ) from None
+                    raise cannot_decode(f"{path} ({err})") from None
         if not decoded:
             raise UserError(f"none of the sampled images under {hp.root}/train decodes.")
         channels = hp.channels or (1 if all(im.shape[0] == 1 for im in decoded) else 3)
@@ -479,20 +545,19 @@ class ImageFolderDataModule(ImageDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         self.inspect()
+        for split, needed in (("val", stage in ("fit", "validate")), ("test", stage == "test")):
+            if needed and not any(self.splits[split].values()):
+                raise UserError(
+                    f"no {split} images: {self.hparams.root} has no {split}/ folder and "
+                    f"data.{split}_fraction={self.hparams[f'{split}_fraction']}. Set "
+                    f"data.{split}_fraction above 0 or add {split}/<class>/ images."
+                )
 
     def _loader(self, split: str, train: bool) -> FileBatchLoader:
         hp = self.hparams
         files = self.splits[split]
         paths = [p for c in self.class_names for p in files.get(c, [])]
         labels = [i for i, c in enumerate(self.class_names) for _ in files.get(c, [])]
-        transform = SampleTransform(
-            self.channels,
-            self.image_size,
-            train=train,
-            crop_scale=hp.crop_scale if train else None,
-            horizontal_flip=hp.horizontal_flip and train,
-            seed=global_seed(),
-        )
         trainer = self.trainer
         shard = (trainer.distributed_sampler_kwargs if trainer is not None else None) or {}
         weights = None
@@ -500,22 +565,12 @@ class ImageFolderDataModule(ImageDataModule):
             per_class = [1 / n for n in self.train_counts]
             weights = torch.tensor([per_class[label] for label in labels])
         sampler = EpochShuffler(len(paths), shuffle=train, pad=train, weights=weights, **shard)
-        on_gpu = trainer is not None and trainer.strategy.root_device.type == "cuda"
         return FileBatchLoader(
-            ImageFiles(paths, labels, transform),
+            ImageFiles(paths, labels, self.sample_transform(train)),
             sampler,
             hp.batch_size,
             hp.num_workers,
-            pin_memory=on_gpu if hp.pin_memory is None else hp.pin_memory,
+            pin_memory=self.pin_memory(),
             on_bad_file=hp.on_bad_file,
             train=train,
         )
-
-    def train_dataloader(self) -> FileBatchLoader:
-        return self._loader("train", train=True)
-
-    def val_dataloader(self) -> FileBatchLoader:
-        return self._loader("val", train=False)
-
-    def test_dataloader(self) -> FileBatchLoader:
-        return self._loader("test", train=False)

@@ -4,9 +4,9 @@ streaming shards (`streaming.py`).
 One sample: decode (torchvision's decoders, PIL for the formats they lack), then either fit it to
 `size`×`size` (resize the shorter side, crop the center: evaluation) or cut a random crop and
 resize it (training), and maybe mirror it. Each sample's random numbers come from its own
-generator, seeded by (run seed, epoch, sample index): the same crops whatever the number of worker
-processes, and again after a resume. Batches stay uint8 until they reach the training device
-(`normalize`): a quarter of the bytes to move, and the float math on the device.
+generator, seeded by (run seed, epoch, the sample's place in the epoch): the same crops whatever
+the number of worker processes, and again after a resume. Batches stay uint8 until they reach the
+training device (`normalize`): a quarter of the bytes to move, and the float math on the device.
 
 Kept free of Lightning imports: `optimize`'s worker processes import this module.
 """
@@ -59,10 +59,17 @@ def decode(data: bytes, channels: int | None) -> torch.Tensor:
         image = decode_image(data_tensor, mode=modes[channels])
     except RuntimeError:  # a format torchvision does not decode (BMP, TIFF) or broken bytes
         image = _decode_with_pil(data, channels)
+    if image.ndim == 4:  # an animated GIF: its first frame
+        image = image[0]
     if image.dtype != torch.uint8:  # 16-bit PNGs
         image = (image.float() * (255 / torch.iinfo(image.dtype).max)).round().to(torch.uint8)
-    if channels is None and image.shape[0] in (2, 4):  # gray or color with alpha
+    if image.shape[0] in (2, 4):  # gray or color with alpha
         image = image[: image.shape[0] - 1]
+    if channels == 1 and image.shape[0] == 3:  # torchvision ignores the mode for GIFs
+        weights = torch.tensor([0.299, 0.587, 0.114]).view(3, 1, 1)
+        image = (image.float() * weights).sum(0, keepdim=True).round().to(torch.uint8)
+    elif channels == 3 and image.shape[0] == 1:
+        image = image.expand(3, -1, -1).contiguous()
     return image
 
 
@@ -95,7 +102,7 @@ def shard_sample(
             data = fit(decode(data, channels), size).contiguous().numpy().tobytes()
     except (BadImageError, OSError) as err:
         with open(Path(bad_dir) / f"{os.getpid()}.txt", "a") as out:
-            out.write(f"{path} ({err})\n")
+            out.write(f"{path}\t{err}\n")
         return None
     return {"image": data, "label": label}
 
@@ -169,7 +176,8 @@ class SampleTransform:
     seed: int = 0
     stored: tuple[int, int, int] | None = None  # shards of pixels (C, H, W), not files
 
-    def __call__(self, data: bytes, index: int, epoch: int) -> torch.Tensor:
+    def __call__(self, data: bytes, key: int, epoch: int) -> torch.Tensor:
+        """`key`: the sample's place in the epoch (an image drawn twice gets two crops)."""
         if self.stored is None:
             image = decode(data, self.channels)
         else:
@@ -179,7 +187,7 @@ class SampleTransform:
         from torchvision.transforms.v2 import functional as F
 
         # Python hashes tuples of ints the same in every process.
-        generator = torch.Generator().manual_seed(hash((self.seed, epoch, index)) & (2**63 - 1))
+        generator = torch.Generator().manual_seed(hash((self.seed, epoch, key)) & (2**63 - 1))
         if self.crop_scale is not None:
             top, left, h, w = random_crop_box(*image.shape[-2:], self.crop_scale, generator)
             image = F.resized_crop(image, top, left, h, w, [self.size, self.size], antialias=True)
@@ -200,13 +208,3 @@ def channel_stats(images: Sequence[torch.Tensor]) -> tuple[list[float], list[flo
     pixels = torch.cat([image.flatten(1) for image in images], dim=1).double() / 255
     std = pixels.std(dim=1).clamp_min(1e-3)  # a blank channel must not divide by zero
     return [round(v, 4) for v in pixels.mean(dim=1).tolist()], [round(v, 4) for v in std.tolist()]
-
-
-BALANCES = ("none", "sampler", "loss")
-
-
-def class_weights(counts: Sequence[int]) -> list[float]:
-    """Loss weights inversely proportional to the class counts, 1 on average over the samples
-    (a class with the average count weighs 1)."""
-    total, k = sum(counts), len(counts)
-    return [round(total / (k * max(n, 1)), 6) for n in counts]

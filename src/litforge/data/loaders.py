@@ -1,4 +1,4 @@
-"""Batches straight from tensors held on the training device (`data.loader=whole_batch`).
+"""Batches straight from tensors held on the training device (the in-memory datasets).
 
 MNIST, Fashion-MNIST and CIFAR-10 fit in memory, so a `DataLoader` that indexes one sample at a
 time and collates them is pure overhead. Here one index tensor per epoch says which samples each

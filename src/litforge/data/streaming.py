@@ -30,7 +30,13 @@ from pathlib import Path
 
 import torch
 
-from litforge.data.image_folder import BALANCES, SPLITS, ImageDataModule, ImageFolderDataModule
+from litforge.data.image_folder import (
+    SPLITS,
+    ImageDataModule,
+    ImageFolderDataModule,
+    cannot_decode,
+    check_image_arguments,
+)
 from litforge.data.images import SampleTransform, shard_sample
 from litforge.data.loaders import global_seed
 from litforge.errors import UserError, number_problem
@@ -85,24 +91,26 @@ def read_meta(input_dir: str) -> dict:
                 _get_fs_provider(input_dir).download_file(
                     f"{input_dir.rstrip('/')}/{META_FILE}", str(local)
                 )
-                return json.loads(local.read_text())
+                meta = json.loads(local.read_text())
             except Exception as err:  # the clients raise their own types
                 raise UserError(
                     f"data.input_dir={input_dir}: cannot read {META_FILE} ({err}). Is it the "
                     f"OUT_DIR of `python -m litforge.data optimize`, and are your credentials set?"
                 ) from None
-    path = Path(input_dir).expanduser() / META_FILE
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError):
-        raise UserError(
-            f"data.input_dir={input_dir} holds no streaming shards ({path} is missing or broken): "
-            f"make them with `python -m litforge.data optimize <image folder> {input_dir}`."
-        ) from None
+    else:
+        path = Path(input_dir).expanduser() / META_FILE
+        try:
+            meta = json.loads(path.read_text())
+        except (OSError, ValueError):
+            raise UserError(
+                f"data.input_dir={input_dir} holds no streaming shards ({path} is missing or "
+                f"broken): make them with `python -m litforge.data optimize <image folder> "
+                f"{input_dir}`."
+            ) from None
     if meta.get("format") != META_FORMAT:
         raise UserError(
-            f"{path} is from another litforge version (format {meta.get('format')}): optimize "
-            f"the image folder again."
+            f"{input_dir}/{META_FILE} is from another litforge version (format "
+            f"{meta.get('format')}): optimize the image folder again."
         )
     return meta
 
@@ -126,6 +134,19 @@ def optimize_folder(
     litdata = import_litdata()
     if store not in STORES:
         raise UserError(f"--store {store} is not one of: {', '.join(STORES)}.")
+    for problem in (
+        number_problem("--val-fraction", val_fraction),
+        number_problem("--test-fraction", test_fraction),
+        image_size is not None
+        and number_problem("--image-size", image_size, integer=True, minimum=1),
+        num_workers is not None
+        and number_problem("--workers", num_workers, integer=True, minimum=1),
+        val_fraction + test_fraction >= 1
+        and "--val-fraction and --test-fraction leave no training images: their sum must be "
+        "below 1.",
+    ):
+        if problem:
+            raise UserError(problem)
     folder = ImageFolderDataModule(
         root=source,
         val_fraction=val_fraction,
@@ -141,6 +162,11 @@ def optimize_folder(
         if out.exists() and any(out.iterdir()):
             raise UserError(f"{out} exists and is not empty: remove it or choose another folder.")
         output = str(out.resolve())
+    else:
+        from litdata.streaming.fs_provider import _get_fs_provider
+
+        if not _get_fs_provider(output).is_empty(output):
+            raise UserError(f"{output} is not empty: remove what is there or choose another URL.")
     folder.inspect()  # the folder's checks, splits, shape and statistics
     counts, bad = {}, []
     pixels = (folder.channels, folder.image_size) if store == "pixels" else None
@@ -176,11 +202,9 @@ def optimize_folder(
                     bad += report.read_text().splitlines()
                     report.unlink()
                 if bad and on_bad_file == "error":
-                    raise UserError(
-                        f"cannot decode {bad[0]}: fix or remove the file, or add "
-                        f"--on-bad-file skip to leave such files out."
-                    )
-                bad_here = {line.split(" (")[0] for line in bad}
+                    path, reason = bad[0].split("\t", 1)
+                    raise cannot_decode(f"{path} ({reason})", "--on-bad-file skip")
+                bad_here = {line.split("\t", 1)[0] for line in bad}
                 counts[split] = [
                     sum(str(p) not in bad_here for p in files.get(name, []))
                     for name in folder.class_names
@@ -190,7 +214,8 @@ def optimize_folder(
             shutil.rmtree(output, ignore_errors=True)
         raise
     if bad:
-        print(f"Left out {len(bad)} files that did not decode, e.g. {bad[0]}")
+        path, reason = bad[0].split("\t", 1)
+        print(f"Left out {len(bad)} files that did not decode, e.g. {path} ({reason})")
     meta = {
         "format": META_FORMAT,
         "source": str(Path(source).expanduser().resolve()),
@@ -248,27 +273,14 @@ class StreamingDataModule(ImageDataModule):
         balance: str = "none",
     ) -> None:
         super().__init__()
-        for problem in (
-            number_problem("batch_size", batch_size, integer=True, minimum=1),
-            image_size is not None
-            and number_problem("image_size", image_size, integer=True, minimum=1),
-            number_problem("num_workers", num_workers, integer=True, minimum=0),
-        ):
-            if problem:
-                raise ValueError(problem)
-        if channels not in (None, 1, 3):
-            raise ValueError(f"channels={channels!r} is not one of: 1, 3, null (as optimized).")
-        if balance not in BALANCES:
-            raise ValueError(f"balance={balance!r} is not one of: {', '.join(BALANCES)}.")
+        crop_scale = check_image_arguments(
+            batch_size, image_size, channels, crop_scale, mean, std, num_workers, balance
+        )
         if balance == "sampler":
             raise ValueError(
                 "balance=sampler needs random access to every sample, which streaming shards "
                 "do not give: use balance=loss (class weights in the loss)."
             )
-        if (mean is None) != (std is None):
-            raise ValueError("mean and std go together: give both or neither.")
-        if crop_scale is not None:
-            crop_scale = tuple(float(v) for v in crop_scale)
         if not is_url(input_dir):
             input_dir = str(Path(input_dir).expanduser().resolve())
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
@@ -315,7 +327,7 @@ class StreamingDataModule(ImageDataModule):
         )
         self.log_class_counts()
 
-    def _stored_shape(self) -> tuple[int, int, int] | None:
+    def stored_shape(self) -> tuple[int, int, int] | None:
         meta = self.meta
         if meta.get("store", "files") != "pixels":
             return None
@@ -323,6 +335,12 @@ class StreamingDataModule(ImageDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         self.inspect()
+        for split, needed in (("val", stage in ("fit", "validate")), ("test", stage == "test")):
+            if needed and split not in self.meta["counts"]:
+                raise UserError(
+                    f"{self.hparams.input_dir} has no {split} images: optimize the folder again "
+                    f"with --{split}-fraction above 0, or with a {split}/ folder in it."
+                )
         # LitData gives each worker process its own chunks, so Lightning's warning that a
         # dataset with a length may repeat samples over workers does not apply; nor is how
         # LitData maps its chunks into memory news for a training log.
@@ -336,18 +354,9 @@ class StreamingDataModule(ImageDataModule):
             raise UserError(
                 f"{hp.input_dir} has no {split} shards: optimize a folder that has some."
             )
-        transform = SampleTransform(
-            self.channels,
-            self.image_size,
-            train=train,
-            crop_scale=hp.crop_scale if train else None,
-            horizontal_flip=hp.horizontal_flip and train,
-            seed=global_seed(),
-            stored=self._stored_shape(),
-        )
         dataset = image_stream_class()(
             f"{hp.input_dir.rstrip('/')}/{split}",
-            transform=transform,
+            transform=self.sample_transform(train),
             cache_dir=hp.cache_dir,
             max_cache_size=hp.max_cache_size,
             shuffle=train,
@@ -356,27 +365,16 @@ class StreamingDataModule(ImageDataModule):
             # each one read, and shuffled reads in worker processes kept redoing it (3x
             # slower on the exported Fashion-MNIST with 2 workers, benchmarks/data_loading.py).
             batch_decode=False,
-            # Training: whole batches only. Each worker process of each training process
-            # leaves out its last partial batch (DDP needs the same number of steps on every
-            # process; batch norm cannot train on one image): fewer than num_workers × batch_size
-            # images per process and epoch, other ones each epoch. Evaluation: every image.
+            # Training: whole batches only, the same number on every process (DDP needs the
+            # same number of steps everywhere; batch norm cannot train on one image). LitData
+            # leaves out the rest of each epoch: fewer than processes × batch_size images, other
+            # ones each epoch. Evaluation: every image.
             drop_last=train,
         )
-        trainer = self.trainer
-        on_gpu = trainer is not None and trainer.strategy.root_device.type == "cuda"
         return litdata.StreamingDataLoader(
             dataset,
             batch_size=hp.batch_size,
             num_workers=hp.num_workers,
-            pin_memory=on_gpu if hp.pin_memory is None else hp.pin_memory,
+            pin_memory=self.pin_memory(),
             generator=torch.Generator(),  # see FileBatchLoader
         )
-
-    def train_dataloader(self):
-        return self._loader("train", train=True)
-
-    def val_dataloader(self):
-        return self._loader("val", train=False)
-
-    def test_dataloader(self):
-        return self._loader("test", train=False)

@@ -144,25 +144,34 @@ class ClassificationModule(L.LightningModule):
     def on_train_epoch_start(self) -> None:
         self._train_sums = None
 
+    def _epoch_sums(self) -> torch.Tensor:
+        # Zeros, not nothing, where this process has no batch yet: every process must join
+        # the reductions below, or the others wait for it.
+        if self._train_sums is None:
+            return torch.zeros(3, device=self.device)
+        return self._train_sums
+
     # The epoch's sums so far travel with a mid-epoch checkpoint (a kill, a SIGTERM, or
     # `every_n_train_steps`), so that a resumed epoch reports the same train/loss and train/acc.
     # Summed over processes when saving (all of them save together); loaded into rank 0.
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if self._train_sums is not None:
-            total = self.trainer.strategy.reduce(self._train_sums, reduce_op="sum")
+        if self._trainer is not None and self.trainer.state.fn == "fit":
+            total = self.trainer.strategy.reduce(self._epoch_sums().clone(), reduce_op="sum")
             checkpoint["train_epoch_sums"] = total.cpu()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         sums = checkpoint.get("train_epoch_sums")
-        trainer = self._trainer
-        if sums is not None and (trainer is None or trainer.global_rank == 0):
-            self._train_sums = sums.to(self.device)
+        if sums is not None:
+            rank = self._trainer.global_rank if self._trainer is not None else 0
+            self._train_sums = sums.to(self.device) if rank == 0 else torch.zeros_like(sums)
 
     def on_train_epoch_end(self) -> None:
-        if self._train_sums is None:
+        # Summed over all processes, then divided: exact under DDP however batches fall. (A
+        # copy: the reduction works in place.)
+        total = self.trainer.strategy.reduce(self._epoch_sums().clone(), reduce_op="sum")
+        loss_sum, correct, count = total
+        if count == 0:
             return
-        # Summed over all processes, then divided: exact under DDP however batches fall.
-        loss_sum, correct, count = self.trainer.strategy.reduce(self._train_sums, reduce_op="sum")
         self.log("train/loss", loss_sum / count, prog_bar=True)
         self.log("train/acc", correct / count, prog_bar=True)
 
