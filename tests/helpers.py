@@ -370,3 +370,34 @@ class RecordConfusion(L.Callback):
 
         if trainer.is_global_zero:
             self.path.write_text(json.dumps(pl_module.test_confusion_matrix.tolist()))
+
+
+def train_recording_samples(tmp_path: Path, *data_overrides: str) -> dict[tuple[int, int], list]:
+    """Train for 2 epochs with DDP on 2 CPU processes, batches of 8, on `write_numbered_folder`
+    data; returns the sample ids each process trained on, by (epoch, rank) (`RecordSamples`)."""
+    import json
+
+    seen = tmp_path / "seen"
+    result = run_script(
+        "train.py",
+        *data_overrides,
+        "data.batch_size=8",
+        "strategy=ddp",
+        "trainer.devices=2",
+        "trainer.accelerator=cpu",
+        "trainer.max_epochs=2",
+        "test=false",
+        "callbacks.model_checkpoint=null",
+        "callbacks.rich_progress_bar=null",
+        "+callbacks.samples._target_=helpers.RecordSamples",
+        f"+callbacks.samples.path={seen}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        env={"MASTER_PORT": str(free_port()), "PYTHONPATH": str(ROOT / "tests")},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    per_rank: dict[tuple[int, int], list] = {}
+    for rank in (0, 1):
+        for line in (seen / f"rank{rank}.jsonl").read_text().splitlines():
+            batch = json.loads(line)
+            per_rank.setdefault((batch["epoch"], rank), []).extend(batch["ids"])
+    return per_rank

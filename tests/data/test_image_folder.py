@@ -6,7 +6,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import compose_config, run_script, write_image_folder
+from helpers import (
+    compose_config,
+    run_script,
+    train_recording_samples,
+    write_image_folder,
+    write_numbered_folder,
+)
 
 from litforge.data.image_folder import STATS_FILE, ImageFolderDataModule, class_weights
 from litforge.errors import UserError
@@ -260,6 +266,24 @@ def test_train_then_eval_reads_the_same_folder(tmp_path):
     assert "was trained on other classes (cat, dog, fox) than the data has (cat, dog, owl)" in (
         result.stderr
     )
+
+
+@pytest.mark.slow
+def test_two_processes_train_on_every_sample_once_per_epoch(tmp_path):
+    source = write_numbered_folder(tmp_path / "images", 120)  # 96 to train, 24 to validate
+    per_rank = train_recording_samples(
+        tmp_path,
+        "data=image_folder",
+        f"data.root={source}",
+        "data.val_fraction=0.2",
+        "data.test_fraction=0",
+        "data.num_workers=1",
+    )
+    for epoch in (0, 1):
+        a, b = per_rank[(epoch, 0)], per_rank[(epoch, 1)]
+        assert len(a) == len(b) == 48  # the same number of steps on both
+        assert len(a + b) == len(set(a + b)) == 96  # every training sample exactly once
+    assert per_rank[(0, 0)] != per_rank[(1, 0)]  # reshuffled each epoch
 
 
 @pytest.mark.slow

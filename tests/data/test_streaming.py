@@ -9,8 +9,8 @@ from helpers import (
     ROOT,
     assert_same_run,
     compose_config,
-    free_port,
     run_script,
+    train_recording_samples,
     write_image_folder,
     write_numbered_folder,
 )
@@ -136,31 +136,9 @@ def test_two_processes_train_on_every_sample_once_per_epoch(tmp_path):
     output = tmp_path / "shards"
     split = ["--val-fraction", "0.2", "--test-fraction", "0", "--workers", "2"]
     assert optimize_cli(source, output, *split).returncode == 0
-    seen = tmp_path / "seen"
-    result = run_script(
-        "train.py",
-        "data=streaming",
-        f"data.input_dir={output}",
-        "data.batch_size=8",
-        "data.num_workers=2",
-        "strategy=ddp",
-        "trainer.devices=2",
-        "trainer.accelerator=cpu",
-        "trainer.max_epochs=2",
-        "test=false",
-        "callbacks.model_checkpoint=null",
-        "callbacks.rich_progress_bar=null",
-        "+callbacks.samples._target_=helpers.RecordSamples",
-        f"+callbacks.samples.path={seen}",
-        f"hydra.run.dir={tmp_path / 'run'}",
-        env={"MASTER_PORT": str(free_port()), "PYTHONPATH": str(ROOT / "tests")},
+    per_rank = train_recording_samples(
+        tmp_path, "data=streaming", f"data.input_dir={output}", "data.num_workers=2"
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    per_rank = {}
-    for rank in (0, 1):
-        for line in (seen / f"rank{rank}.jsonl").read_text().splitlines():
-            batch = json.loads(line)
-            per_rank.setdefault((batch["epoch"], rank), []).extend(batch["ids"])
     for epoch in (0, 1):
         a, b = per_rank[(epoch, 0)], per_rank[(epoch, 1)]
         assert len(a) == len(b) == 48  # the same number of steps on both
