@@ -188,7 +188,7 @@ def test_a_folder_that_cannot_work_is_one_clear_error_before_training(tmp_path, 
 
 
 @pytest.mark.parametrize("on_bad_file", ["error", "skip"])
-def test_a_file_that_does_not_decode_stops_the_run_or_is_skipped(tmp_path, on_bad_file):
+def test_a_file_that_does_not_decode_stops_the_run_or_is_skipped(tmp_path, caplog, on_bad_file):
     root = folder(tmp_path, train=10)
     # Statistics from one good file: the bad one is met when loading (as in a large folder).
     settings = {"batch_size": 100, "val_fraction": 0, "test_fraction": 0, "stats_images": 1}
@@ -204,6 +204,9 @@ def test_a_file_that_does_not_decode_stops_the_run_or_is_skipped(tmp_path, on_ba
     else:
         [(images, labels)] = list(loader)
         assert len(images) == len(labels) == 29 and loader.skipped == 1
+        assert f"Left out {bad} (not an image torchvision or PIL can read) (1 this epoch" in (
+            caplog.text
+        )
 
 
 def test_balance_by_sampler_or_loss(tmp_path):
