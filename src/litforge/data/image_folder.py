@@ -38,7 +38,7 @@ from litforge.data.images import (
     fit,
     normalize,
 )
-from litforge.data.loaders import EpochShuffler, global_seed
+from litforge.data.loaders import EpochShuffler, ResumesMidEpoch, global_seed
 from litforge.errors import UserError, number_problem
 
 log = logging.getLogger(__name__)
@@ -198,7 +198,7 @@ class _EpochBatches:
             yield self.sampler.epoch, first_key + start, indices[start : start + self.batch_size]
 
 
-class FileBatchLoader:
+class FileBatchLoader(ResumesMidEpoch):
     """Batches of decoded files for Lightning: a `DataLoader` over `ImageFiles`, with the index
     order of `EpochShuffler` (DistributedSampler semantics, set_epoch) and a state that resumes
     mid-epoch at the next batch."""
@@ -229,24 +229,12 @@ class FileBatchLoader:
             generator=torch.Generator(),
         )
         self.skipped = 0  # files that did not decode, this epoch
-        self._handed_out = 0
-        self._resume: dict[str, int] | None = None
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.sampler.epoch, "batches": self._handed_out}
-
-    def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        self._resume = dict(state_dict)
 
     def __len__(self) -> int:
         return self._batches.batches()
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        skip = 0
-        if self._resume is not None and self._resume["epoch"] == self.sampler.epoch:
-            skip = self._resume["batches"]
-        self._resume = None
-        self._batches.skip = self._handed_out = skip
+        self._batches.skip = self.start_epoch()
         self.skipped = 0
         for images, labels, bad in self._loader:
             if bad and self.on_bad_file == "error":
@@ -259,7 +247,7 @@ class FileBatchLoader:
             for line in bad:
                 self.skipped += 1
                 log.warning(f"Left out {line} ({self.skipped} this epoch; data.on_bad_file=skip)")
-            self._handed_out += 1
+            self.handed_out += 1
             yield images, labels
 
 

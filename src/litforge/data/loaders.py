@@ -118,7 +118,35 @@ class BatchAugment:
         return x
 
 
-class TensorBatchLoader:
+class ResumesMidEpoch:
+    """The loader state Lightning saves in checkpoints and restores: a run stopped mid-epoch goes
+    on with the next batch of the same epoch instead of starting the epoch over. A loader with
+    an `EpochShuffler` as `sampler` calls `start_epoch()` when iterated, then counts each batch
+    it hands out in `handed_out`."""
+
+    sampler: EpochShuffler
+    handed_out = 0  # batches of the current epoch
+    _resume: dict[str, int] | None = None
+
+    def state_dict(self) -> dict[str, int]:
+        # Lightning fetches no batch ahead from a loader with a length: when it saves, every
+        # batch handed out has been trained on.
+        return {"epoch": self.sampler.epoch, "batches": self.handed_out}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        self._resume = dict(state_dict)
+
+    def start_epoch(self) -> int:
+        """The batches of this epoch to skip: those a resumed checkpoint had trained on."""
+        skip = 0
+        if self._resume is not None and self._resume["epoch"] == self.sampler.epoch:
+            skip = self._resume["batches"]
+        self._resume = None
+        self.handed_out = skip
+        return skip
+
+
+class TensorBatchLoader(ResumesMidEpoch):
     """An iterable of (images, labels) batches for Lightning, from tensors on one device.
 
     `images` are uint8 (normalized per batch with `mean`/`std`, the cheap choice on a GPU) or
@@ -144,18 +172,6 @@ class TensorBatchLoader:
         self.augment = augment if augment is not None and augment.active else None
         self.mean = torch.tensor(mean, device=images.device).view(1, -1, 1, 1)
         self.std = torch.tensor(std, device=images.device).view(1, -1, 1, 1)
-        self._handed_out = 0  # batches of the current epoch
-        self._resume: dict[str, int] | None = None
-
-    # Lightning saves and restores these with checkpoints: a run stopped mid-epoch (SIGTERM)
-    # goes on with the next batch of the same epoch instead of starting the epoch over.
-    def state_dict(self) -> dict[str, int]:
-        # Lightning fetches no batch ahead from a loader with a length: when it saves, every
-        # batch handed out has been trained on.
-        return {"epoch": self.sampler.epoch, "batches": self._handed_out}
-
-    def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        self._resume = dict(state_dict)
 
     def __len__(self) -> int:
         return math.ceil(len(self.sampler) / self.batch_size)
@@ -167,16 +183,12 @@ class TensorBatchLoader:
         if self.augment is not None:
             generator = torch.Generator(device=device)
             generator.manual_seed(hash((self.sampler.seed, self.sampler.epoch, self.sampler.rank)))
-        skip = 0
-        if self._resume is not None and self._resume["epoch"] == self.sampler.epoch:
-            skip = self._resume["batches"]
-        self._resume = None
-        self._handed_out = skip
+        skip = self.start_epoch()
         for start in range(0, skip * self.batch_size, self.batch_size):  # the same draws
             if generator is not None:
                 self.augment.draw(len(indices[start : start + self.batch_size]), device, generator)
         for start in range(skip * self.batch_size, len(self) * self.batch_size, self.batch_size):
-            self._handed_out += 1
+            self.handed_out += 1
             batch = indices[start : start + self.batch_size]
             x = self.images[batch]
             if x.dtype == torch.uint8:
