@@ -7,7 +7,8 @@ dir), carve a seeded validation split, and serve batches with `TensorBatchLoader
 tensors on the training device, normalized, augmented and shuffled as whole batches, no workers.
 (For data that does not fit in memory, `image_folder.py` is the path to copy.)
 
-`model_arguments()` is what the model is built with (input shape, classes, class names).
+`model_arguments()` is what the model is built with (input shape, classes, class names, and the
+normalization, which the checkpoint keeps for `predict.py`, `export.py` and `serve.py`).
 """
 
 from __future__ import annotations
@@ -69,11 +70,13 @@ class InMemoryImageDataModule(L.LightningDataModule):
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # uint8 images, labels
 
     def model_arguments(self) -> dict[str, object]:
-        """What the model is built with: the data's shape and classes."""
+        """What the model is built with: the data's shape, classes and normalization."""
         return {
             "input_shape": self.input_shape,
             "num_classes": len(self.class_names),
             "class_names": self.class_names,
+            "mean": list(self.mean),
+            "std": list(self.std),
         }
 
     def example_input(self) -> torch.Tensor:

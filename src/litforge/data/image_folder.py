@@ -314,6 +314,8 @@ class ImageDataModule(L.LightningDataModule):
             "input_shape": (self.channels, self.image_size, self.image_size),
             "num_classes": len(self.class_names),
             "class_names": self.class_names,
+            "mean": list(self.mean),
+            "std": list(self.std),
         }
         if self.hparams.balance == "loss":
             arguments["class_weights"] = class_weights(self.train_counts)

@@ -53,6 +53,8 @@ class ClassificationModule(L.LightningModule):
         channels_last: bool = False,
         compile: bool = False,
         class_weights: Sequence[float] | None = None,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
         for problem in (
@@ -75,6 +77,10 @@ class ClassificationModule(L.LightningModule):
                 "channels_last": bool(channels_last),
                 # `data.balance=loss`: the training loss weighs each class by these.
                 "class_weights": list(class_weights) if class_weights is not None else None,
+                # How the data normalized uint8 pixels (per channel, of pixels scaled to [0, 1]):
+                # what predict.py, export.py and serve.py apply to new images.
+                "mean": [float(v) for v in mean] if mean is not None else None,
+                "std": [float(v) for v in std] if std is not None else None,
             },
             logger=False,  # the pipeline logs the whole resolved run config instead
         )

@@ -1,0 +1,17 @@
+"""Predict the classes of images: `python predict.py ckpt_path=<checkpoint> input=<file|folder|glob>`."""
+
+import hydra
+from omegaconf import DictConfig
+
+from litforge.errors import reported
+from litforge.predict import predict
+
+
+@hydra.main(config_path="conf", config_name="predict", version_base="1.3")
+@reported  # a mistake in the input: one `error:` line and exit status 1
+def main(cfg: DictConfig) -> None:
+    predict(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""A trained classifier as other programs use it: uint8 images in, class scores out. Shared by
+`predict.py`, `export.py` and `serve.py`.
+
+- `ImageClassifier`: the network with its input normalization inside; what export.py writes.
+- `InputContract`: what the model takes (channels, size, mean/std), read from the checkpoint,
+  and `prepare`, which turns an image file's bytes into that input the way training did.
+- `load_classifier`: any model file litforge writes (a checkpoint or model_parallel folder of
+  shards, `model.onnx`, `model.pt2`) as a `LoadedClassifier`: its contract, class names and a
+  `logits(images)` function.
+- `image_files`: what `input=<file|folder|glob>` names.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from litforge.data.images import IMAGE_SUFFIXES, decode, fit
+from litforge.errors import UserError
+
+METADATA_KEY = "litforge"  # the key of the metadata in model.onnx and model.pt2
+
+
+class ImageClassifier(nn.Module):
+    """`net` behind the normalization it was trained with: uint8 N×C×H×W in, logits N×K out.
+    With the normalization in the graph, a caller of an exported model needs no mean/std."""
+
+    def __init__(self, net: nn.Module, mean: Sequence[float], std: Sequence[float]) -> None:
+        super().__init__()
+        self.net = net
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        # The same operations, in the same order, as the training data's normalization
+        # (`litforge.data.images.normalize`): the same floats reach the network.
+        return self.net((images.float() / 255 - self.mean) / self.std)
+
+
+@dataclass(frozen=True)
+class InputContract:
+    """What the model takes: uint8 images `channels`×`size`×`size`, as training fitted them."""
+
+    channels: int
+    size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def prepare(self, data: bytes) -> torch.Tensor:
+        """An image file's bytes as the model's input (uint8 C×H×W): decoded, converted to the
+        trained channels, the shorter side resized to `size` and the center kept (evaluation's
+        fit). Raises `BadImageError` for bytes that are no image."""
+        return fit(decode(data, self.channels), self.size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": "images",
+            "dtype": "uint8",
+            "shape": ["batch", self.channels, self.size, self.size],
+            "layout": "NCHW, RGB order for 3 channels, values 0-255",
+            "resize": f"shorter side to {self.size} (antialiased), then the central "
+            f"{self.size}x{self.size}",
+            "normalization": "inside the model: (images / 255 - mean) / std per channel",
+            "mean": list(self.mean),
+            "std": list(self.std),
+        }
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> InputContract:
+        _, channels, size, _ = values["shape"]
+        return cls(int(channels), int(size), tuple(values["mean"]), tuple(values["std"]))
+
+
+@dataclass
+class LoadedClassifier:
+    """A model of any format litforge writes, ready to run on uint8 batches."""
+
+    path: Path
+    kind: str  # checkpoint, onnx or pt2
+    contract: InputContract
+    class_names: list[str]
+    run: Callable[[torch.Tensor], torch.Tensor]  # uint8 N×C×H×W -> float logits N×K
+    device: torch.device = torch.device("cpu")
+
+    def logits(self, images: torch.Tensor) -> torch.Tensor:
+        """Float logits N×K on the CPU for uint8 images N×C×H×W."""
+        with torch.inference_mode():
+            return self.run(images.to(self.device)).float().cpu()
+
+    def metadata(self) -> dict[str, Any]:
+        """What travels with an exported file: class names and the input/output contract."""
+        return {
+            "class_names": self.class_names,
+            "input": self.contract.to_dict(),
+            "output": {
+                "name": "logits",
+                "dtype": "float32",
+                "shape": ["batch", len(self.class_names)],
+                "meaning": "one score per class, in class_names' order; softmax gives "
+                "probabilities",
+            },
+        }
+
+
+def model_source(cfg: Any) -> tuple[Path, str]:
+    """The model file `ckpt_path=` (a checkpoint) or `model_path=` (an exported file) names, and which
+    of the two named it; exactly one must."""
+    given = [key for key in ("ckpt_path", "model_path") if cfg.get(key)]
+    if len(given) != 1:
+        problem = "both ckpt_path and model_path are given" if given else "no model given"
+        raise UserError(
+            f"{problem}: set ckpt_path=<checkpoint train.py wrote, e.g. logs/train/runs/<run>/"
+            f"checkpoints/last.ckpt> or model_path=<model.onnx or model.pt2 export.py wrote>."
+        )
+    return Path(cfg[given[0]]).expanduser(), given[0]
+
+
+def load_classifier(
+    path: str | Path, device: str = "cpu", compile: bool = False, key: str = "ckpt_path"
+) -> LoadedClassifier:
+    """The model in `path`: `*.onnx` (onnxruntime), `*.pt2` (torch.export), anything else a
+    checkpoint train.py wrote (a file or a model_parallel folder of shards). `key` names the
+    setting in error messages."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise UserError(f"{key}={path}: no such file.")
+    if path.suffix == ".onnx":
+        return _load_onnx(path, key)
+    if path.suffix == ".pt2":
+        return _load_pt2(path, torch.device(device), key)
+    return _load_checkpoint(path, torch.device(device), compile, key)
+
+
+def classifier_from_checkpoint(path: Path, key: str = "ckpt_path") -> tuple[ImageClassifier, dict]:
+    """The checkpoint's network behind its normalization (eval mode, CPU), and its
+    hyperparameters."""
+    from litforge import resume
+
+    checkpoint = resume.read_checkpoint(path)
+    module = resume.load_module(checkpoint, str(path))
+    hp = dict(module.hparams)
+    if hp.get("mean") is None or hp.get("std") is None:
+        raise UserError(
+            f"{key}={path} does not record how its images were normalized (a checkpoint from "
+            f"before litforge kept it): train it again with this version."
+        )
+    classifier = ImageClassifier(module.net, hp["mean"], hp["std"]).eval()
+    if hp.get("channels_last"):  # as training ran it (other conv kernels, other last digits)
+        classifier.to(memory_format=torch.channels_last)
+    return classifier, hp
+
+
+def _names(hp: dict) -> list[str]:
+    return list(hp.get("class_names") or [str(i) for i in range(hp["num_classes"])])
+
+
+def _load_checkpoint(path: Path, device: torch.device, compile: bool, key: str):
+    classifier, hp = classifier_from_checkpoint(path, key)
+    channels, height, width = hp["input_shape"]
+    if height != width:
+        raise UserError(f"{key}={path}: a model of non-square {height}x{width} images.")
+    classifier.to(device)
+    if compile:
+        classifier.compile()
+    contract = InputContract(channels, height, tuple(hp["mean"]), tuple(hp["std"]))
+    return LoadedClassifier(path, "checkpoint", contract, _names(hp), classifier, device)
+
+
+def _from_metadata(path: Path, text: str | None, key: str) -> tuple[InputContract, list[str]]:
+    try:
+        metadata = json.loads(text or "")
+        return InputContract.from_dict(metadata["input"]), list(metadata["class_names"])
+    except (ValueError, KeyError, TypeError):
+        raise UserError(
+            f"{key}={path} holds no litforge metadata (class names, input contract): use a "
+            f"file export.py wrote."
+        ) from None
+
+
+def _load_onnx(path: Path, key: str) -> LoadedClassifier:
+    try:
+        import onnxruntime
+    except ImportError:
+        raise UserError('running ONNX models needs onnxruntime: pip install -e ".[export]"')
+    try:
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as err:  # onnxruntime's own error types
+        raise UserError(f"{key}={path} is not a readable ONNX model ({err}).") from None
+    metadata = session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
+    contract, names = _from_metadata(path, metadata, key)
+    input_name = session.get_inputs()[0].name
+
+    def run(images: torch.Tensor) -> torch.Tensor:
+        (logits,) = session.run(None, {input_name: images.contiguous().numpy()})
+        return torch.from_numpy(logits)
+
+    return LoadedClassifier(path, "onnx", contract, names, run)
+
+
+def _load_pt2(path: Path, device: torch.device, key: str) -> LoadedClassifier:
+    extra = {METADATA_KEY: ""}
+    try:
+        program = torch.export.load(path, extra_files=extra)
+    except Exception as err:  # a zip that is no exported program, or no zip at all
+        raise UserError(f"{key}={path} is not a readable torch.export file ({err}).") from None
+    contract, names = _from_metadata(path, extra[METADATA_KEY], key)
+    module = program.module().to(device)
+    return LoadedClassifier(path, "pt2", contract, names, module, device)
+
+
+def top_k(
+    probabilities: torch.Tensor, k: int, class_names: Sequence[str]
+) -> list[list[tuple[str, float]]]:
+    """For each row, the `k` most probable classes as (name, probability), best first."""
+    values, indices = probabilities.topk(min(k, probabilities.shape[1]), dim=1)
+    return [
+        [(class_names[i], p) for i, p in zip(row_i, row_p, strict=True)]
+        for row_i, row_p in zip(indices.tolist(), values.tolist(), strict=True)
+    ]
+
+
+def image_files(spec: str, key: str = "input") -> list[Path]:
+    """The files `spec` names: one file; every image file under a folder (by suffix, hidden
+    files left out); or a glob's matches (`photos/*.jpg`, `**` for subfolders)."""
+    if not spec:
+        raise UserError(f"no images given: add {key}=<image file, folder or glob>.")
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(
+            p
+            for p in path.rglob("*")
+            if p.suffix.lower() in IMAGE_SUFFIXES
+            and not any(part.startswith(".") for part in p.relative_to(path).parts)
+            and p.is_file()
+        )
+        if not files:
+            raise UserError(
+                f"{key}={spec}: the folder holds no image files ({', '.join(IMAGE_SUFFIXES)})."
+            )
+        return files
+    if glob.has_magic(spec):
+        files = sorted(
+            Path(p) for p in glob.glob(os.path.expanduser(spec), recursive=True) if Path(p).is_file()
+        )
+        if not files:
+            raise UserError(f"{key}={spec} matches no files.")
+        return files
+    raise UserError(f"{key}={spec}: no such file or folder.")

@@ -1,0 +1,146 @@
+"""`python predict.py ckpt_path=... input=<file|folder|glob>` (or `model_path=model.onnx|.pt2` for
+`ckpt_path`): the class of each image, into
+`<run dir>/predictions.csv` (`path`, `label`, `probability`, then `label_2`, `probability_2`, ...
+up to `predict.top_k`), and a count per class on the console.
+
+Images are prepared as the model was evaluated in training (`inference.InputContract`): decoded,
+converted to its channels, fitted to its size; the normalization is part of the model.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+from collections import Counter
+from pathlib import Path
+
+import rich
+import rich.table
+import torch
+from omegaconf import DictConfig
+from rich.progress import track
+from torch.utils.data import DataLoader, Dataset
+
+from litforge.console import print_config
+from litforge.data.image_folder import cannot_decode
+from litforge.data.images import BadImageError
+from litforge.errors import UserError, number_problem
+from litforge.inference import InputContract, image_files, load_classifier, model_source, top_k
+
+log = logging.getLogger(__name__)
+
+ON_BAD_FILE = ("skip", "error")
+
+
+class ImageFileInputs(Dataset):
+    """Item i: (i, the prepared uint8 image) or (i, why the file cannot be read)."""
+
+    def __init__(self, files: list[Path], contract: InputContract) -> None:
+        self.files = files
+        self.contract = contract
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[int, torch.Tensor | str]:
+        try:
+            return index, self.contract.prepare(self.files[index].read_bytes())
+        except (BadImageError, OSError) as err:
+            return index, str(err) or type(err).__name__
+
+
+def readable_batch(items: list[tuple[int, torch.Tensor | str]]):
+    """(indices, stacked images or None, [(index, reason) of the files that did not read])."""
+    good = [(i, image) for i, image in items if isinstance(image, torch.Tensor)]
+    bad = [(i, reason) for i, reason in items if isinstance(reason, str)]
+    images = torch.stack([image for _, image in good]) if good else None
+    return [i for i, _ in good], images, bad
+
+
+def device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def check_settings(settings: DictConfig) -> None:
+    for key in ("top_k", "batch_size"):
+        if problem := number_problem(f"predict.{key}", settings[key], integer=True, minimum=1):
+            raise UserError(problem)
+    workers = settings.num_workers
+    if problem := number_problem("predict.num_workers", workers, integer=True, minimum=0):
+        raise UserError(problem)
+    if settings.on_bad_file not in ON_BAD_FILE:
+        raise UserError(
+            f"predict.on_bad_file={settings.on_bad_file} is neither skip nor error: set "
+            f"predict.on_bad_file=skip (leave unreadable files out) or error (stop at the first)."
+        )
+
+
+def header(k: int) -> list[str]:
+    ranked = [f"{column}_{rank}" for rank in range(2, k + 1) for column in ("label", "probability")]
+    return ["path", "label", "probability", *ranked]
+
+
+def predict(cfg: DictConfig) -> Counter:
+    """Write predictions.csv for the images `cfg.input` names; returns the count per class."""
+    settings = cfg.predict
+    check_settings(settings)
+    path, key = model_source(cfg)
+    output_dir = Path(cfg.paths.output_dir)
+    if cfg.extras.get("print_config"):
+        print_config(cfg, save_to=output_dir / "config_tree.log")
+    files = image_files(cfg.get("input"))
+    model = load_classifier(path, device(settings.device), key=key)
+    loader = DataLoader(
+        ImageFileInputs(files, model.contract),
+        batch_size=settings.batch_size,
+        num_workers=min(settings.num_workers, len(files) // settings.batch_size),
+        collate_fn=readable_batch,
+    )
+    log.info(f"Predicting {len(files)} image(s) with {model.path} ({model.kind})")
+
+    output = output_dir / "predictions.csv"
+    partial = output.with_name(output.name + ".partial")  # a stopped run leaves no half a CSV
+    output_dir.mkdir(parents=True, exist_ok=True)
+    counts: Counter = Counter()
+    skipped = 0
+    try:
+        with partial.open("w", newline="") as out:
+            writer = csv.writer(out)
+            writer.writerow(header(settings.top_k))
+            for indices, images, bad in track(loader, description="Predicting"):
+                for index, reason in bad:
+                    if settings.on_bad_file == "error":
+                        raise cannot_decode(f"{files[index]} ({reason})", "predict.on_bad_file=skip")
+                    log.warning(f"Skipped {files[index]}: {reason}")
+                    skipped += 1
+                if images is None:
+                    continue
+                probabilities = model.logits(images).softmax(dim=1)
+                for index, best in zip(
+                    indices, top_k(probabilities, settings.top_k, model.class_names), strict=True
+                ):
+                    writer.writerow([files[index], *(f"{v:.6f}" if isinstance(v, float) else v
+                                                     for pair in best for v in pair)])
+                    counts[best[0][0]] += 1
+        if not counts:
+            raise UserError(f"input={cfg.input}: none of its {len(files)} file(s) is a readable image.")
+        partial.replace(output)
+    finally:
+        partial.unlink(missing_ok=True)
+    summarize(counts, skipped, output)
+    return counts
+
+
+def summarize(counts: Counter, skipped: int, output: Path) -> None:
+    table = rich.table.Table(title="Predicted classes", title_justify="left")
+    table.add_column("class")
+    table.add_column("images", justify="right")
+    for name, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+        table.add_row(name, str(count))
+    rich.print(table)
+    if skipped:
+        rich.print(f"Skipped {skipped} unreadable file(s): named in the log.")
+    log.info(f"{sum(counts.values())} prediction(s), {skipped} skipped: {output}")
+    rich.print(f"Predictions: {output}")

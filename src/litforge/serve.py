@@ -1,0 +1,175 @@
+"""`python serve.py ckpt_path=...` (or `model_path=model.onnx|model.pt2`): an HTTP server that classifies
+images, built on LitServe (Lightning's serving library: worker processes, dynamic batching).
+
+- `POST /predict`, the image file's bytes as the body (or a multipart form's `file` field):
+  `{"label": ..., "probability": ..., "top_k": [{"label": ..., "probability": ...}, ...]}`.
+- `GET /health`: `ok` (200) once the model is loaded, `not ready` (503) before.
+- A body that is no image, empty, or over `server.max_body_bytes`: 400 or 413 with the reason.
+
+Uploads are read and decoded in the HTTP process (`image_from_request`), before they reach the
+model: LitServe answers a whole batch with the error of one bad request, so a bad upload must
+never get into a batch. The model process stacks whatever requests arrived within
+`server.batch_timeout` (up to `server.max_batch_size`) and runs them as one batch.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads `decode_request`'s annotation as an object.
+
+import logging
+import socket
+from pathlib import Path
+from typing import Annotated, Any
+
+import litserve as ls
+import torch
+from fastapi import Depends, HTTPException, Request
+from omegaconf import DictConfig
+from starlette.concurrency import run_in_threadpool
+
+from litforge.console import print_config
+from litforge.data.images import BadImageError
+from litforge.errors import UserError, number_problem
+from litforge.inference import InputContract, load_classifier, model_source, top_k
+
+log = logging.getLogger(__name__)
+
+HOSTS = ("127.0.0.1", "0.0.0.0", "::")  # what LitServe binds to
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise HTTPException(413, f"the upload has {declared} bytes; the limit is {limit}.")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise HTTPException(413, f"the upload has over {limit} bytes, the limit.")
+    return bytes(body)
+
+
+async def image_from_request(request: Request) -> torch.Tensor:
+    """The uploaded image as the model's input (uint8 C×H×W), or an HTTPException saying what is
+    wrong with the request. (A FastAPI dependency of `decode_request`: runs in the HTTP process.)"""
+    contract: InputContract
+    contract, limit = request.app.state.litforge_input
+    if request.headers.get("content-type", "").startswith("multipart/form-data"):
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise HTTPException(413, f"the upload has {declared} bytes; the limit is {limit}.")
+        form = await request.form()
+        upload = form.get("file")
+        if upload is None or isinstance(upload, str):
+            raise HTTPException(400, "a multipart upload needs the image in a field named 'file'.")
+        data = await upload.read()
+        if len(data) > limit:
+            raise HTTPException(413, f"the upload has {len(data)} bytes; the limit is {limit}.")
+    else:
+        data = await _body(request, limit)
+    if not data:
+        raise HTTPException(400, "the request has no body: send the image file's bytes.")
+    try:
+        return await run_in_threadpool(contract.prepare, data)
+    except BadImageError as err:
+        raise HTTPException(400, f"the body is not an image: {err}.") from None
+
+
+class ImageClassifierAPI(ls.LitAPI):
+    """Runs in LitServe's model process(es): batches of prepared images → top-k classes."""
+
+    def __init__(self, path: str, key: str, k: int, max_batch_size: int, batch_timeout: float):
+        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
+        self.path, self.key, self.k = path, key, k
+
+    def setup(self, device: str) -> None:
+        self.model = load_classifier(self.path, device=device, key=self.key)
+
+    def decode_request(self, request: Annotated[torch.Tensor, Depends(image_from_request)]):
+        return request  # prepared by `image_from_request` already
+
+    def batch(self, inputs: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack(inputs)
+
+    def predict(self, images: torch.Tensor) -> list[list[tuple[str, float]]]:
+        single = images.ndim == 3  # max_batch_size=1: LitServe passes one image
+        batch = images.unsqueeze(0) if single else images
+        best = top_k(self.model.logits(batch).softmax(dim=1), self.k, self.model.class_names)
+        return best[0] if single else best
+
+    def unbatch(self, output: list) -> list:
+        return output
+
+    def encode_response(self, best: list[tuple[str, float]]) -> dict[str, Any]:
+        return {
+            "label": best[0][0],
+            "probability": best[0][1],
+            "top_k": [{"label": name, "probability": p} for name, p in best],
+        }
+
+
+def check_settings(server: DictConfig, k: Any) -> None:
+    if server.host not in HOSTS:
+        raise UserError(
+            f"server.host={server.host} is not one LitServe binds to: use 127.0.0.1 (this "
+            f"machine only), 0.0.0.0 (every IPv4 interface) or :: (IPv6)."
+        )
+    problems = (
+        number_problem("top_k", k, integer=True, minimum=1),
+        number_problem("server.max_batch_size", server.max_batch_size, integer=True, minimum=1),
+        number_problem("server.batch_timeout", server.batch_timeout),
+        number_problem("server.max_body_bytes", server.max_body_bytes, integer=True, minimum=1),
+        number_problem("server.workers", server.workers, integer=True, minimum=1),
+        number_problem("server.timeout", server.timeout, above=True),
+    )
+    for problem in problems:
+        if problem:
+            raise UserError(problem)
+    port = server.port
+    if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 65535:
+        raise UserError(f"server.port={port} is out of range: use a port from 1024 to 65535.")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """A UserError when something listens on `host`:`port` already (uvicorn would log the
+    error and exit after the model processes started)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            raise UserError(
+                f"server.port={port}: {host}:{port} is taken ({err.strerror}); stop what "
+                f"serves there or choose another server.port."
+            ) from None
+
+
+def serve(cfg: DictConfig) -> None:
+    """Load the model (in this process for its contract, and in each model process), then serve
+    until interrupted."""
+    server_cfg = cfg.server
+    check_settings(server_cfg, cfg.top_k)
+    path, key = model_source(cfg)
+    check_port_free(server_cfg.host, server_cfg.port)
+    if cfg.extras.get("print_config"):
+        print_config(cfg, save_to=Path(cfg.paths.output_dir) / "config_tree.log")
+    model = load_classifier(path, key=key)  # an unusable file is an error before the server starts
+    api = ImageClassifierAPI(
+        str(path), key, cfg.top_k, server_cfg.max_batch_size, server_cfg.batch_timeout
+    )
+    accelerator = server_cfg.accelerator
+    if model.kind == "onnx":
+        accelerator = "cpu"  # onnxruntime's CPU provider
+    server = ls.LitServer(
+        api,
+        accelerator=accelerator,
+        workers_per_device=server_cfg.workers,
+        timeout=server_cfg.timeout,
+    )
+    server.app.state.litforge_input = (model.contract, server_cfg.max_body_bytes)
+    url = f"http://{server_cfg.host}:{server_cfg.port}"
+    log.info(f"Serving {path} ({model.kind}, {len(model.class_names)} classes) at {url}/predict")
+    server.run(
+        host=server_cfg.host,
+        port=server_cfg.port,
+        generate_client_file=False,  # LitServe would write client.py into the working directory
+        log_level="warning",
+    )
