@@ -1,4 +1,4 @@
-"""Predict the classes of images: `python predict.py ckpt_path=<checkpoint> input=<file|folder|glob>`."""
+"""Predict the classes of images: `python predict.py ckpt_path=<checkpoint> input=<images>`."""
 
 import hydra
 from omegaconf import DictConfig

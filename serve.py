@@ -1,4 +1,4 @@
-"""Serve a model over HTTP: `python serve.py ckpt_path=<checkpoint>` or `model_path=<model.onnx|.pt2>`."""
+"""Serve a model over HTTP: `python serve.py ckpt_path=<checkpoint>` (or `model_path=<export>`)."""
 
 import hydra
 from omegaconf import DictConfig

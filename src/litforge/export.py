@@ -64,8 +64,8 @@ def sample_images(spec: str | None, contract: InputContract) -> tuple[torch.Tens
 def export_onnx(model: ImageClassifier, example: torch.Tensor, path: Path, metadata: str) -> None:
     try:
         import onnxscript  # noqa: F401  (what torch's ONNX exporter translates with)
-    except ImportError:
-        raise UserError('format=onnx needs onnx and onnxscript: pip install -e ".[export]"')
+    except ImportError as err:
+        raise UserError('format=onnx needs onnxscript: pip install -e ".[export]"') from err
     for name in ("onnx_ir", "onnxscript"):  # their INFO lines would flood the run's log
         logging.getLogger(name).setLevel(logging.WARNING)
     program = torch.onnx.export(
@@ -107,7 +107,7 @@ def check_settings(cfg: DictConfig) -> None:
             "logs/train/runs/<run>/checkpoints/last.ckpt"
         )
     if cfg.format not in FILES:
-        raise UserError(f"format={cfg.format} is not one of {', '.join(FILES)}: set format=onnx or pt2.")
+        raise UserError(f"format={cfg.format} is unknown: set format=onnx or format=pt2.")
     if problem := number_problem("export.tolerance", cfg.export.tolerance, above=True):
         raise UserError(problem)
     if Path(cfg.ckpt_path).suffix in (".onnx", ".pt2"):
@@ -118,7 +118,7 @@ def check_settings(cfg: DictConfig) -> None:
 
 
 def export(cfg: DictConfig) -> Path:
-    """Write, check and keep `<run dir>/model.<format>` and `model.json`; returns the model's path."""
+    """Write, check and keep `<run dir>/model.<format>` and `model.json`; returns the model."""
     check_settings(cfg)
     output_dir = Path(cfg.paths.output_dir)
     if cfg.extras.get("print_config"):
@@ -161,8 +161,10 @@ def export(cfg: DictConfig) -> Path:
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     path = output_dir / name
-    print(f"Exported {path} (checked on {described} images: max |logit difference| "
-          f"{difference:.2e}, same top class for {agreement:.0%})")
+    print(
+        f"Exported {path} (checked on {described} images: max |logit difference| "
+        f"{difference:.2e}, same top class for {agreement:.0%})"
+    )
     return path
 
 

@@ -111,8 +111,8 @@ class LoadedClassifier:
 
 
 def model_source(cfg: Any) -> tuple[Path, str]:
-    """The model file `ckpt_path=` (a checkpoint) or `model_path=` (an exported file) names, and which
-    of the two named it; exactly one must."""
+    """The model file `ckpt_path=` (a checkpoint) or `model_path=` (an exported file) names, and
+    which of the two named it; exactly one must."""
     given = [key for key in ("ckpt_path", "model_path") if cfg.get(key)]
     if len(given) != 1:
         problem = "both ckpt_path and model_path are given" if given else "no model given"
@@ -188,8 +188,8 @@ def _from_metadata(path: Path, text: str | None, key: str) -> tuple[InputContrac
 def _load_onnx(path: Path, key: str) -> LoadedClassifier:
     try:
         import onnxruntime
-    except ImportError:
-        raise UserError('running ONNX models needs onnxruntime: pip install -e ".[export]"')
+    except ImportError as err:
+        raise UserError('ONNX models need onnxruntime: pip install -e ".[export]"') from err
     try:
         session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     except Exception as err:  # onnxruntime's own error types
@@ -249,9 +249,8 @@ def image_files(spec: str, key: str = "input") -> list[Path]:
             )
         return files
     if glob.has_magic(spec):
-        files = sorted(
-            Path(p) for p in glob.glob(os.path.expanduser(spec), recursive=True) if Path(p).is_file()
-        )
+        matches = glob.glob(os.path.expanduser(spec), recursive=True)
+        files = sorted(Path(p) for p in matches if Path(p).is_file())
         if not files:
             raise UserError(f"{key}={spec} matches no files.")
         return files

@@ -112,7 +112,8 @@ def predict(cfg: DictConfig) -> Counter:
             for indices, images, bad in track(loader, description="Predicting"):
                 for index, reason in bad:
                     if settings.on_bad_file == "error":
-                        raise cannot_decode(f"{files[index]} ({reason})", "predict.on_bad_file=skip")
+                        bad_file = f"{files[index]} ({reason})"
+                        raise cannot_decode(bad_file, "predict.on_bad_file=skip")
                     log.warning(f"Skipped {files[index]}: {reason}")
                     skipped += 1
                 if images is None:
@@ -121,11 +122,19 @@ def predict(cfg: DictConfig) -> Counter:
                 for index, best in zip(
                     indices, top_k(probabilities, settings.top_k, model.class_names), strict=True
                 ):
-                    writer.writerow([files[index], *(f"{v:.6f}" if isinstance(v, float) else v
-                                                     for pair in best for v in pair)])
+                    writer.writerow(
+                        [
+                            files[index],
+                            *(
+                                f"{v:.6f}" if isinstance(v, float) else v
+                                for pair in best
+                                for v in pair
+                            ),
+                        ]
+                    )
                     counts[best[0][0]] += 1
         if not counts:
-            raise UserError(f"input={cfg.input}: none of its {len(files)} file(s) is a readable image.")
+            raise UserError(f"input={cfg.input}: none of its {len(files)} file(s) decodes.")
         partial.replace(output)
     finally:
         partial.unlink(missing_ok=True)

@@ -1,5 +1,6 @@
-"""`python serve.py ckpt_path=...` (or `model_path=model.onnx|model.pt2`): an HTTP server that classifies
-images, built on LitServe (Lightning's serving library: worker processes, dynamic batching).
+"""`python serve.py ckpt_path=...` (or `model_path=model.onnx|model.pt2`): an HTTP server that
+classifies images, built on LitServe (Lightning's serving library: model processes, dynamic
+batching).
 
 - `POST /predict`, the image file's bytes as the body (or a multipart form's `file` field):
   `{"label": ..., "probability": ..., "top_k": [{"label": ..., "probability": ...}, ...]}`.
