@@ -401,3 +401,24 @@ def train_recording_samples(tmp_path: Path, *data_overrides: str) -> dict[tuple[
             batch = json.loads(line)
             per_rank.setdefault((batch["epoch"], rank), []).extend(batch["ids"])
     return per_rank
+
+
+class RecordTestProbabilities(L.Callback):
+    """`+callbacks.record._target_=helpers.RecordTestProbabilities +callbacks.record.path=FILE`:
+    the class probabilities the model gives each test image, in the test loader's order, as the
+    test loop ran it (torch.save'd N×K tensor)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self.batches: list = []
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args) -> None:
+        import torch
+
+        with torch.no_grad():
+            self.batches.append(pl_module(batch[0]).softmax(dim=1).cpu())
+
+    def on_test_end(self, trainer, pl_module) -> None:
+        import torch
+
+        torch.save(torch.cat(self.batches), self.path)

@@ -150,6 +150,6 @@ def summarize(counts: Counter, skipped: int, output: Path) -> None:
         table.add_row(name, str(count))
     rich.print(table)
     if skipped:
-        rich.print(f"Skipped {skipped} unreadable file(s): named in the log.")
+        print(f"Skipped {skipped} unreadable file(s): named in the log.")
     log.info(f"{sum(counts.values())} prediction(s), {skipped} skipped: {output}")
-    rich.print(f"Predictions: {output}")
+    print(f"Predictions: {output}")  # not rich: it would wrap a long path

@@ -1,0 +1,112 @@
+"""`python predict.py ckpt_path=... input=...`: a CSV of the classes of a user's image files."""
+
+import csv
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, compose_config, run_script
+
+from litforge.errors import UserError
+from litforge.predict import predict
+
+
+def read_rows(run_dir) -> dict[str, dict[str, str]]:
+    with open(run_dir / "predictions.csv", newline="") as f:
+        return {row["path"]: row for row in csv.DictReader(f)}
+
+
+def test_predictions_equal_the_models_own_test_time_predictions(tmp_path, trained_images):
+    overrides = [
+        f"ckpt_path={trained_images.checkpoint}",
+        f"input={trained_images.root / 'test'}",
+        "predict.top_k=2",
+        "predict.batch_size=5",  # batches that do not divide the images
+    ]
+    counts = predict(compose_config("predict", tmp_path, overrides))
+    rows = read_rows(tmp_path / "run")
+    assert list(next(iter(rows.values()))) == [
+        "path", "label", "probability", "label_2", "probability_2",
+    ]  # fmt: skip
+    assert len(rows) == len(trained_images.test_files) == sum(counts.values())
+    names = trained_images.class_names
+    for path, expected in zip(trained_images.test_files, trained_images.probabilities, strict=True):
+        row = rows[str(path)]
+        best, second = expected.topk(2).indices.tolist()
+        assert (row["label"], row["label_2"]) == (names[best], names[second]), path
+        assert float(row["probability"]) == pytest.approx(expected[best].item(), abs=2e-6)
+        assert float(row["probability_2"]) == pytest.approx(expected[second].item(), abs=2e-6)
+    # the model learned the classes: its predictions are mostly the folder's class
+    right = sum(row["label"] == Path(path).parent.name for path, row in rows.items())
+    assert right / len(rows) > 0.9
+
+
+@pytest.fixture
+def folder_with_bad_files(tmp_path, trained_images):
+    folder = tmp_path / "photos"
+    shutil.copytree(trained_images.root / "test" / "a", folder)
+    (folder / "broken.png").write_bytes(b"\x89PNG but not really")
+    (folder / "notes.txt").write_text("not an image, and not named like one: ignored")
+    (folder / ".hidden.png").write_bytes(b"macOS metadata")
+    return folder
+
+
+def test_unreadable_file_is_skipped_and_named(
+    tmp_path, trained_images, folder_with_bad_files, caplog
+):
+    overrides = [f"ckpt_path={trained_images.checkpoint}", f"input={folder_with_bad_files}"]
+    predict(compose_config("predict", tmp_path, overrides))
+    rows = read_rows(tmp_path / "run")
+    assert len(rows) == 8 and not any("broken" in path for path in rows)
+    skipped = [r.message for r in caplog.records if r.message.startswith("Skipped")]
+    assert len(skipped) == 1 and "broken.png" in skipped[0], skipped
+
+
+def test_unreadable_file_stops_with_on_bad_file_error(
+    tmp_path, trained_images, folder_with_bad_files
+):
+    overrides = [
+        f"ckpt_path={trained_images.checkpoint}",
+        f"input={folder_with_bad_files}",
+        "predict.on_bad_file=error",
+    ]
+    with pytest.raises(UserError, match=r"cannot decode .*broken\.png.*predict\.on_bad_file=skip"):
+        predict(compose_config("predict", tmp_path, overrides))
+    assert not list((tmp_path / "run").glob("predictions.csv*")), "no CSV, whole or partial"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["input=x.png"], "no model given"),
+        (["ckpt_path=a.ckpt", "model_path=b.onnx", "input=x.png"], "both ckpt_path and model_path"),
+        (["ckpt_path=missing.ckpt", f"input={ROOT / 'README.md'}"], "missing.ckpt: no such file"),
+        (["input=nowhere/*.jpg", "ckpt_path=a.ckpt"], r"input=nowhere/\*\.jpg matches no files"),
+        (["predict.on_bad_file=ignore", "ckpt_path=a.ckpt"], "neither skip nor error"),
+        (["predict.top_k=0", "ckpt_path=a.ckpt"], r"predict\.top_k=0 is out of range"),
+    ],
+)
+def test_bad_settings_are_one_line_errors(tmp_path, overrides, message):
+    with pytest.raises(UserError, match=message):
+        predict(compose_config("predict", tmp_path, overrides))
+
+
+@pytest.mark.slow
+def test_cli_predicts_a_glob_with_an_exported_model(tmp_path, trained_images, exported_pt2):
+    """As the README has it, with a .pt2 file: the same classes as the checkpoint."""
+    pattern = f"{trained_images.root}/**/000?.png"  # of each class, 5 PNGs in train/, 4 in test/
+    result = run_script(
+        "predict.py", f"model_path={exported_pt2}", f"input={pattern}", f"hydra.run.dir={tmp_path}"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Predicted classes" in result.stdout
+    assert f"Predictions: {tmp_path / 'predictions.csv'}" in result.stdout
+    rows = read_rows(tmp_path)
+    assert len(rows) == 3 * (5 + 4)
+    names = trained_images.class_names
+    for path, expected in zip(trained_images.test_files, trained_images.probabilities, strict=True):
+        if str(path) in rows:
+            assert rows[str(path)]["label"] == names[int(expected.argmax())]
+            assert float(rows[str(path)]["probability"]) == pytest.approx(
+                expected.max().item(), abs=2e-6
+            )
