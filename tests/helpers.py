@@ -422,3 +422,14 @@ class RecordTestProbabilities(L.Callback):
         import torch
 
         torch.save(torch.cat(self.batches), self.path)
+
+
+def predicted_accuracy(model_file: Path, mnist_dir: Path) -> float:
+    """The accuracy on the MNIST-format test files in `mnist_dir` of the model in `model_file`,
+    loaded as predict.py, export.py and serve.py load it (`litforge.inference`)."""
+    from litforge.data.mnist import MNISTDataModule
+    from litforge.inference import load_classifier
+
+    images, labels = MNISTDataModule().load_split(Path(mnist_dir), train=False)
+    logits = load_classifier(model_file).logits(images)
+    return (logits.argmax(dim=1) == labels).float().mean().item()

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 import torch
-from helpers import ROOT, free_port, run_script, tiny_run_args
+from helpers import ROOT, free_port, predicted_accuracy, run_script, tiny_run_args
 
 from litforge.resume import read_checkpoint
 
@@ -72,6 +72,9 @@ def test_fsdp2_shards_every_layer_its_folders_evaluate_directly_and_resume(tmp_p
     trained = json.loads((run_dir / "metrics.json").read_text())
     evaluated = evaluate(best, idx_data_dir, tmp_path / "e1")
     assert evaluated["test/acc"] == pytest.approx(trained["test/acc"], abs=1e-6)
+    # and by predict.py / export.py / serve.py (one device, the normalization from the shards)
+    predicted = predicted_accuracy(best, idx_data_dir / "mnist")
+    assert predicted == pytest.approx(trained["test/acc"], abs=1e-6)
     # train=false under the same strategy: every process reads the folder, then shards it again
     train(
         *tiny_run_args(

@@ -5,7 +5,7 @@ import os
 
 import pytest
 import torch
-from helpers import run_script, write_idx_dataset
+from helpers import predicted_accuracy, run_script, write_idx_dataset
 
 from litforge.models import ClassificationModule
 
@@ -62,3 +62,6 @@ def test_compiled_run_checkpoint_loads_into_eager_eval(tmp_path):
     trained = json.loads((run_dir / "metrics.json").read_text())
     evaluated = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert evaluated["test/acc"] == pytest.approx(trained["test/acc"], abs=1e-6)
+    # predict.py, export.py and serve.py load it eagerly too
+    predicted = predicted_accuracy(best, data_dir / "mnist")
+    assert predicted == pytest.approx(trained["test/acc"], abs=1e-6)
