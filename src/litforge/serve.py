@@ -167,7 +167,10 @@ def serve(cfg: DictConfig) -> None:
     )
     server.app.state.litforge_input = (model.contract, server_cfg.max_body_bytes)
     url = f"http://{server_cfg.host}:{server_cfg.port}"
-    log.info(f"Serving {path} ({model.kind}, {len(model.class_names)} classes) at {url}/predict")
+    log.info(
+        f"Serving {path} ({model.kind}, {len(model.class_names)} classes) at {url}/predict; "
+        f"{url}/health answers ok once the model is loaded. Ctrl+C stops the server."
+    )
     server.run(
         host=server_cfg.host,
         port=server_cfg.port,
