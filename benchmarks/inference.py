@@ -95,13 +95,14 @@ def throughput(call, images: torch.Tensor, batches: int = 40) -> float:
     call(images[:64])
     start = time.perf_counter()
     for i in range(batches):
-        call(images[(i * 64) % 9984 :][:64])
+        first = (i * 64) % (len(images) - 63)
+        call(images[first : first + 64])
     return batches * 64 / (time.perf_counter() - start)
 
 
 def runners(ckpt: Path, out: Path) -> dict[str, tuple]:
-    """{name: (uint8 batch -> logits, seconds from file to the first answers)}: loading, and
-    for `compiled` the compilation (batch 1 and 64)."""
+    """{name: (uint8 batch -> logits, seconds from file to the first answers, the file)}: the
+    loading, and for `compiled` the compilation (batch 1 and 64)."""
     from litforge.inference import load_classifier
 
     files = {"pt2": export(ckpt, "pt2", out), "onnxruntime": export(ckpt, "onnx", out)}
@@ -117,8 +118,19 @@ def runners(ckpt: Path, out: Path) -> dict[str, tuple]:
         shape = loaded.contract.to_dict()["shape"][1:]
         for n in (1, 64):
             loaded.logits(torch.zeros(n, *shape, dtype=torch.uint8))
-        made[name] = (loaded.logits, time.perf_counter() - start)
+        made[name] = (loaded.logits, time.perf_counter() - start, path)
     return made
+
+
+def inputs_for(made: dict, images: torch.Tensor) -> torch.Tensor:
+    """Fashion-MNIST's test images, or random ones where a `--ckpt` model takes another shape."""
+    from litforge.inference import load_classifier
+
+    shape = tuple(load_classifier(made["pt2"][2], key="model_path").contract.to_dict()["shape"][1:])
+    if shape == tuple(images.shape[1:]):
+        return images
+    print(f"(random uint8 images {shape}: the model does not take Fashion-MNIST's 1x28x28)")
+    return torch.randint(0, 256, (1024, *shape), dtype=torch.uint8)
 
 
 def model_table(ckpt: Path, images: torch.Tensor, requests: int, out: Path) -> None:
@@ -126,7 +138,9 @@ def model_table(ckpt: Path, images: torch.Tensor, requests: int, out: Path) -> N
     header = ("runner", "ready in s", "p50 ms", "p99 ms", "img/s b64", "x eager")
     print("{:<12} {:>10} {:>8} {:>8} {:>10} {:>7}".format(*header))
     base = None
-    for name, (call, ready) in runners(ckpt, out).items():
+    made = runners(ckpt, out)
+    images = inputs_for(made, images)
+    for name, (call, ready, _) in made.items():
         p50, p99 = latency_ms(call, images, requests)
         rate = throughput(call, images)
         base = base or rate

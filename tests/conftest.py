@@ -60,6 +60,7 @@ def trained_images(tmp_path_factory):
         "model.net.channels=[8]",
         "model.net.hidden_size=16",
         "trainer.max_epochs=3",
+        "trainer.accelerator=cpu",  # the probabilities are compared with CPU runs
         "logger=none",
         "callbacks.rich_progress_bar=null",
         "+callbacks.record._target_=helpers.RecordTestProbabilities",

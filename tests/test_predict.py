@@ -22,6 +22,7 @@ def test_predictions_equal_the_models_own_test_time_predictions(tmp_path, traine
         f"input={trained_images.root / 'test'}",
         "predict.top_k=2",
         "predict.batch_size=5",  # batches that do not divide the images
+        "predict.device=cpu",
     ]
     counts = predict(compose_config("predict", tmp_path, overrides))
     rows = read_rows(tmp_path / "run")
@@ -58,6 +59,7 @@ def test_unreadable_file_is_skipped_and_named(
     predict(compose_config("predict", tmp_path, overrides))
     rows = read_rows(tmp_path / "run")
     assert len(rows) == 8 and not any("broken" in path for path in rows)
+    assert list(next(iter(rows.values())))[-2:] == ["label_3", "probability_3"]  # top_k=3
     skipped = [r.message for r in caplog.records if r.message.startswith("Skipped")]
     assert len(skipped) == 1 and "broken.png" in skipped[0], skipped
 
@@ -75,6 +77,34 @@ def test_unreadable_file_stops_with_on_bad_file_error(
     assert not list((tmp_path / "run").glob("predictions.csv*")), "no CSV, whole or partial"
 
 
+def test_top_k_beyond_the_classes_gives_every_class_once(tmp_path, trained_images):
+    overrides = [
+        f"ckpt_path={trained_images.checkpoint}",
+        f"input={trained_images.test_files[0]}",
+        "predict.top_k=5",
+    ]
+    predict(compose_config("predict", tmp_path, overrides))
+    (row,) = read_rows(tmp_path / "run").values()
+    assert list(row)[-2:] == ["label_3", "probability_3"] and None not in row.values()
+    assert sorted(row[key] for key in ("label", "label_2", "label_3")) == ["a", "b", "c"]
+
+
+def test_image_of_too_many_pixels_is_refused_unread(
+    tmp_path, trained_images, folder_with_bad_files, monkeypatch, caplog
+):
+    from PIL import Image
+
+    # The limit lowered to keep the test small: a 30x30 image stands for a 20 MB PNG that
+    # would unpack into gigabytes (PIL's limit is 89 million pixels).
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 600)
+    Image.new("RGB", (30, 30)).save(folder_with_bad_files / "huge.png")
+    overrides = [f"ckpt_path={trained_images.checkpoint}", f"input={folder_with_bad_files}"]
+    predict(compose_config("predict", tmp_path, overrides))
+    assert len(read_rows(tmp_path / "run")) == 8  # the 20x24 images pass
+    skipped = [r.message for r in caplog.records if "huge.png" in r.message]
+    assert skipped and "30x30 pixels is more than the 600 allowed" in skipped[0]
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -84,6 +114,7 @@ def test_unreadable_file_stops_with_on_bad_file_error(
         (["input=nowhere/*.jpg", "ckpt_path=a.ckpt"], r"input=nowhere/\*\.jpg matches no files"),
         (["predict.on_bad_file=ignore", "ckpt_path=a.ckpt"], "neither skip nor error"),
         (["predict.top_k=0", "ckpt_path=a.ckpt"], r"predict\.top_k=0 is out of range"),
+        (["predict.device=gpu", "ckpt_path=a.ckpt", f"input={ROOT / 'README.md'}"], "is no device"),
     ],
 )
 def test_bad_settings_are_one_line_errors(tmp_path, overrides, message):
@@ -96,7 +127,11 @@ def test_cli_predicts_a_glob_with_an_exported_model(tmp_path, trained_images, ex
     """As the README has it, with a .pt2 file: the same classes as the checkpoint."""
     pattern = f"{trained_images.root}/**/000?.png"  # of each class, 5 PNGs in train/, 4 in test/
     result = run_script(
-        "predict.py", f"model_path={exported_pt2}", f"input={pattern}", f"hydra.run.dir={tmp_path}"
+        "predict.py",
+        f"model_path={exported_pt2}",
+        f"input={pattern}",
+        "predict.device=cpu",
+        f"hydra.run.dir={tmp_path}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Predicted classes" in result.stdout
@@ -104,9 +139,12 @@ def test_cli_predicts_a_glob_with_an_exported_model(tmp_path, trained_images, ex
     rows = read_rows(tmp_path)
     assert len(rows) == 3 * (5 + 4)
     names = trained_images.class_names
+    compared = 0
     for path, expected in zip(trained_images.test_files, trained_images.probabilities, strict=True):
         if str(path) in rows:
             assert rows[str(path)]["label"] == names[int(expected.argmax())]
             assert float(rows[str(path)]["probability"]) == pytest.approx(
                 expected.max().item(), abs=2e-6
             )
+            compared += 1
+    assert compared == 3 * 4  # the test PNGs the glob matched

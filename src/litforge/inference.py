@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import glob
+import io
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from litforge.data.images import IMAGE_SUFFIXES, decode, fit
+from litforge.data.images import IMAGE_SUFFIXES, BadImageError, decode, fit
 from litforge.errors import UserError
 
 METADATA_KEY = "litforge"  # the key of the metadata in model.onnx and model.pt2
@@ -45,6 +46,21 @@ class ImageClassifier(nn.Module):
         return self.net((images.float() / 255 - self.mean) / self.std)
 
 
+def check_pixel_count(data: bytes) -> None:
+    """BadImageError for an image larger than PIL's `Image.MAX_IMAGE_PIXELS` (read from its
+    header: nothing is decoded)."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+    except Exception:  # not a format PIL knows: torchvision may, and judges it
+        return
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit and width * height > limit:
+        raise BadImageError(f"{width}x{height} pixels is more than the {limit} allowed")
+
+
 @dataclass(frozen=True)
 class InputContract:
     """What the model takes: uint8 images `channels`×`size`×`size`, as training fitted them."""
@@ -57,7 +73,9 @@ class InputContract:
     def prepare(self, data: bytes) -> torch.Tensor:
         """An image file's bytes as the model's input (uint8 C×H×W): decoded, converted to the
         trained channels, the shorter side resized to `size` and the center kept (evaluation's
-        fit). Raises `BadImageError` for bytes that are no image."""
+        fit). Raises `BadImageError` for bytes that are no image, or one of more pixels than PIL
+        allows (a small file can unpack into gigabytes)."""
+        check_pixel_count(data)
         return fit(decode(data, self.channels), self.size)
 
     def to_dict(self) -> dict[str, Any]:
@@ -66,7 +84,7 @@ class InputContract:
             "dtype": "uint8",
             "shape": ["batch", self.channels, self.size, self.size],
             "layout": "NCHW, RGB order for 3 channels, values 0-255",
-            "resize": f"shorter side to {self.size} (antialiased), then the central "
+            "resize": f"shorter side to {self.size} (bilinear, antialiased), then the central "
             f"{self.size}x{self.size}",
             "normalization": "inside the model: (images / 255 - mean) / std per channel",
             "mean": list(self.mean),
@@ -121,6 +139,19 @@ def model_source(cfg: Any) -> tuple[Path, str]:
             f"checkpoints/last.ckpt> or model_path=<model.onnx or model.pt2 export.py wrote>."
         )
     return Path(cfg[given[0]]).expanduser(), given[0]
+
+
+def pick_device(name: str, key: str) -> str:
+    """`auto` (a GPU when there is one), or the device `name` says, if this machine has it."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kind = torch.device(name).type
+    except (RuntimeError, ValueError):
+        raise UserError(f"{key}={name} is no device: use auto, cpu, cuda or cuda:<n>.") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"{key}={name}, but this machine has no CUDA GPU: use {key}=cpu or auto.")
+    return name
 
 
 def load_classifier(
@@ -212,7 +243,9 @@ def _load_pt2(path: Path, device: torch.device, key: str) -> LoadedClassifier:
     except Exception as err:  # a zip that is no exported program, or no zip at all
         raise UserError(f"{key}={path} is not a readable torch.export file ({err}).") from None
     contract, names = _from_metadata(path, extra[METADATA_KEY], key)
-    module = program.module().to(device)
+    if device.type != "cpu":  # parameters and the constants baked into the graph alike
+        program = torch.export.passes.move_to_device_pass(program, device)
+    module = program.module()
     return LoadedClassifier(path, "pt2", contract, names, module, device)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -25,7 +26,14 @@ from litforge.console import print_config
 from litforge.data.image_folder import cannot_decode
 from litforge.data.images import BadImageError
 from litforge.errors import UserError, number_problem
-from litforge.inference import InputContract, image_files, load_classifier, model_source, top_k
+from litforge.inference import (
+    InputContract,
+    image_files,
+    load_classifier,
+    model_source,
+    pick_device,
+    top_k,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +65,6 @@ def readable_batch(items: list[tuple[int, torch.Tensor | str]]):
     return [i for i, _ in good], images, bad
 
 
-def device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
-
-
 def check_settings(settings: DictConfig) -> None:
     for key in ("top_k", "batch_size"):
         if problem := number_problem(f"predict.{key}", settings[key], integer=True, minimum=1):
@@ -91,13 +93,16 @@ def predict(cfg: DictConfig) -> Counter:
     if cfg.extras.get("print_config"):
         print_config(cfg, save_to=output_dir / "config_tree.log")
     files = image_files(cfg.get("input"))
-    model = load_classifier(path, device(settings.device), key=key)
+    model = load_classifier(path, pick_device(settings.device, "predict.device"), key=key)
+    batches = math.ceil(len(files) / settings.batch_size)
     loader = DataLoader(
         ImageFileInputs(files, model.contract),
         batch_size=settings.batch_size,
-        num_workers=min(settings.num_workers, len(files) // settings.batch_size),
+        # One batch is decoded faster here than worker processes start.
+        num_workers=min(settings.num_workers, batches) if batches > 1 else 0,
         collate_fn=readable_batch,
     )
+    k = min(settings.top_k, len(model.class_names))
     log.info(f"Predicting {len(files)} image(s) with {model.path} ({model.kind})")
 
     output = output_dir / "predictions.csv"
@@ -108,7 +113,7 @@ def predict(cfg: DictConfig) -> Counter:
     try:
         with partial.open("w", newline="") as out:
             writer = csv.writer(out)
-            writer.writerow(header(settings.top_k))
+            writer.writerow(header(k))
             for indices, images, bad in track(loader, description="Predicting"):
                 for index, reason in bad:
                     if settings.on_bad_file == "error":
@@ -120,7 +125,7 @@ def predict(cfg: DictConfig) -> Counter:
                     continue
                 probabilities = model.logits(images).softmax(dim=1)
                 for index, best in zip(
-                    indices, top_k(probabilities, settings.top_k, model.class_names), strict=True
+                    indices, top_k(probabilities, k, model.class_names), strict=True
                 ):
                     writer.writerow(
                         [

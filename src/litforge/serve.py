@@ -16,11 +16,14 @@ never get into a batch. The model process stacks whatever requests arrived withi
 # No `from __future__ import annotations`: FastAPI reads `decode_request`'s annotation as an object.
 
 import logging
+import os
+import signal
 import socket
 from pathlib import Path
 from typing import Annotated, Any
 
 import litserve as ls
+import numpy as np
 import torch
 from fastapi import Depends, HTTPException, Request
 from omegaconf import DictConfig
@@ -34,6 +37,7 @@ from litforge.inference import InputContract, load_classifier, model_source, top
 log = logging.getLogger(__name__)
 
 HOSTS = ("127.0.0.1", "0.0.0.0", "::")  # what LitServe binds to
+ACCELERATORS = ("auto", "cpu", "cuda", "mps")
 
 
 async def _body(request: Request, limit: int) -> bytes:
@@ -48,44 +52,60 @@ async def _body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
-async def image_from_request(request: Request) -> torch.Tensor:
+async def _form_file(request: Request, body: bytes) -> bytes:
+    """The `file` field of a multipart form whose bytes (`body`) were read already."""
+
+    async def replay() -> dict:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    form = await Request(request.scope, replay).form()
+    upload = form.get("file")
+    if upload is None or isinstance(upload, str):
+        raise HTTPException(400, "a multipart upload needs the image in a field named 'file'.")
+    return await upload.read()
+
+
+async def image_from_request(request: Request) -> np.ndarray:
     """The uploaded image as the model's input (uint8 C×H×W), or an HTTPException saying what is
-    wrong with the request. (A FastAPI dependency of `decode_request`: runs in the HTTP process.)"""
+    wrong with the request. (A FastAPI dependency of `decode_request`: runs in the HTTP process.)
+    A numpy array: it crosses to the model process as plain bytes (a tensor would travel as a
+    shared-memory handle, one per request)."""
     contract: InputContract
     contract, limit = request.app.state.litforge_input
+    data = await _body(request, limit)  # the limit holds for forms too, with or without a length
     if request.headers.get("content-type", "").startswith("multipart/form-data"):
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            raise HTTPException(413, f"the upload has {declared} bytes; the limit is {limit}.")
-        form = await request.form()
-        upload = form.get("file")
-        if upload is None or isinstance(upload, str):
-            raise HTTPException(400, "a multipart upload needs the image in a field named 'file'.")
-        data = await upload.read()
-        if len(data) > limit:
-            raise HTTPException(413, f"the upload has {len(data)} bytes; the limit is {limit}.")
-    else:
-        data = await _body(request, limit)
+        data = await _form_file(request, data)
     if not data:
         raise HTTPException(400, "the request has no body: send the image file's bytes.")
     try:
-        return await run_in_threadpool(contract.prepare, data)
+        image = await run_in_threadpool(contract.prepare, data)
     except BadImageError as err:
         raise HTTPException(400, f"the body is not an image: {err}.") from None
+    return image.contiguous().numpy()
 
 
 class ImageClassifierAPI(ls.LitAPI):
     """Runs in LitServe's model process(es): batches of prepared images → top-k classes."""
 
-    def __init__(self, path: str, key: str, k: int, max_batch_size: int, batch_timeout: float):
+    def __init__(
+        self,
+        path: str,
+        key: str,
+        k: int,
+        max_batch_size: int,
+        batch_timeout: float,
+        workers: int = 1,
+    ):
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
-        self.path, self.key, self.k = path, key, k
+        self.path, self.key, self.k, self.workers = path, key, k, workers
 
     def setup(self, device: str) -> None:
+        if device == "cpu":  # the model processes share the cores rather than each take all
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.workers))
         self.model = load_classifier(self.path, device=device, key=self.key)
 
-    def decode_request(self, request: Annotated[torch.Tensor, Depends(image_from_request)]):
-        return request  # prepared by `image_from_request` already
+    def decode_request(self, request: Annotated[np.ndarray, Depends(image_from_request)]):
+        return torch.from_numpy(request)  # prepared by `image_from_request` already
 
     def batch(self, inputs: list[torch.Tensor]) -> torch.Tensor:
         return torch.stack(inputs)
@@ -124,6 +144,17 @@ def check_settings(server: DictConfig, k: Any) -> None:
     for problem in problems:
         if problem:
             raise UserError(problem)
+    if server.accelerator not in ACCELERATORS:
+        raise UserError(
+            f"server.accelerator={server.accelerator} is not one of {', '.join(ACCELERATORS)}."
+        )
+    if server.accelerator == "cuda" and not torch.cuda.is_available():
+        raise UserError("server.accelerator=cuda, but this machine has no CUDA GPU: use auto.")
+    if server.batch_timeout >= server.timeout:
+        raise UserError(
+            f"server.batch_timeout={server.batch_timeout} must be below server.timeout="
+            f"{server.timeout}: a request would time out waiting for its batch."
+        )
     port = server.port
     if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 65535:
         raise UserError(f"server.port={port} is out of range: use a port from 1024 to 65535.")
@@ -152,12 +183,21 @@ def serve(cfg: DictConfig) -> None:
     check_port_free(server_cfg.host, server_cfg.port)
     if cfg.extras.get("print_config"):
         print_config(cfg, save_to=Path(cfg.paths.output_dir) / "config_tree.log")
-    model = load_classifier(path, key=key)  # an unusable file is an error before the server starts
+    # An unusable file is an error before the server starts. Only the contract and a few facts
+    # are kept here: the HTTP processes are forked from this one.
+    model = load_classifier(path, key=key)
+    contract, kind, classes = model.contract, model.kind, len(model.class_names)
+    del model
     api = ImageClassifierAPI(
-        str(path), key, cfg.top_k, server_cfg.max_batch_size, server_cfg.batch_timeout
+        str(path),
+        key,
+        cfg.top_k,
+        server_cfg.max_batch_size,
+        server_cfg.batch_timeout,
+        server_cfg.workers,
     )
     accelerator = server_cfg.accelerator
-    if model.kind == "onnx":
+    if kind == "onnx":
         accelerator = "cpu"  # onnxruntime's CPU provider
     server = ls.LitServer(
         api,
@@ -165,12 +205,15 @@ def serve(cfg: DictConfig) -> None:
         workers_per_device=server_cfg.workers,
         timeout=server_cfg.timeout,
     )
-    server.app.state.litforge_input = (model.contract, server_cfg.max_body_bytes)
+    server.app.state.litforge_input = (contract, server_cfg.max_body_bytes)
     url = f"http://{server_cfg.host}:{server_cfg.port}"
     log.info(
-        f"Serving {path} ({model.kind}, {len(model.class_names)} classes) at {url}/predict; "
+        f"Serving {path} ({kind}, {classes} classes) at {url}/predict; "
         f"{url}/health answers ok once the model is loaded. Ctrl+C stops the server."
     )
+    # LitServe shuts its processes down on Ctrl+C (KeyboardInterrupt): `kill` and `docker stop`
+    # (SIGTERM) take the same way out, or the model and HTTP processes would outlive this one.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     server.run(
         host=server_cfg.host,
         port=server_cfg.port,
