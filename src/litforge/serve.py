@@ -71,7 +71,7 @@ async def image_from_request(request: Request) -> np.ndarray:
     A numpy array: it crosses to the model process as plain bytes (a tensor would travel as a
     shared-memory handle, one per request)."""
     contract: InputContract
-    contract, limit = request.app.state.litforge_input
+    contract, limit = request.app.state.image_input
     data = await _body(request, limit)  # the limit holds for forms too, with or without a length
     if request.headers.get("content-type", "").startswith("multipart/form-data"):
         data = await _form_file(request, data)
@@ -205,7 +205,7 @@ def serve(cfg: DictConfig) -> None:
         workers_per_device=server_cfg.workers,
         timeout=server_cfg.timeout,
     )
-    server.app.state.litforge_input = (contract, server_cfg.max_body_bytes)
+    server.app.state.image_input = (contract, server_cfg.max_body_bytes)
     url = f"http://{server_cfg.host}:{server_cfg.port}"
     log.info(
         f"Serving {path} ({kind}, {classes} classes) at {url}/predict; "
