@@ -46,6 +46,68 @@ def check_config(cfg: DictConfig, needs_checkpoint: bool = False) -> None:
         check_strategy(cfg)
 
 
+def check_pipeline(cfg: DictConfig) -> None:
+    """What `strategy.pipeline_parallel_size` > 1 cannot run with (see litforge/stages.py)."""
+    from litforge.stages import SCHEDULES
+
+    trainer, strategy = cfg.trainer, cfg.strategy
+    pp, schedule = strategy.pipeline_parallel_size, strategy.schedule
+    if problem := number_problem("strategy.pipeline_parallel_size", pp, integer=True, minimum=1):
+        raise UserError(problem)
+    if schedule not in SCHEDULES:
+        raise UserError(f"strategy.schedule={schedule} is not one of {', '.join(SCHEDULES)}.")
+    microbatches = strategy.get("microbatches") or 2 * pp
+    if problem := number_problem("strategy.microbatches", microbatches, integer=True, minimum=1):
+        raise UserError(problem)
+    batch = cfg.get("data", {}).get("batch_size")
+    if isinstance(batch, int) and batch % microbatches:
+        raise UserError(
+            f"strategy.microbatches={microbatches} does not divide data.batch_size={batch}: "
+            f"choose a batch size that is a multiple of it, or other microbatches."
+        )
+    if schedule == "interleaved_1f1b" and microbatches % pp:
+        raise UserError(
+            f"strategy.schedule=interleaved_1f1b needs strategy.microbatches ({microbatches}) "
+            f"to be a multiple of strategy.pipeline_parallel_size ({pp})."
+        )
+    unsupported = {
+        "trainer.gradient_clip_val": trainer.get("gradient_clip_val"),
+        "trainer.accumulate_grad_batches": (trainer.get("accumulate_grad_batches") or 1) > 1,
+        "trainer.detect_anomaly": trainer.get("detect_anomaly"),
+        f"trainer.precision={trainer.precision}": str(trainer.precision) not in ("32", "32-true"),
+    }
+    for setting, used in unsupported.items():
+        if used:
+            raise UserError(
+                f"{setting} is not supported with strategy.pipeline_parallel_size={pp} (the "
+                f"schedule runs the backward pass itself). Remove it, or train without the "
+                f"pipeline; strategy.microbatches already accumulates gradients."
+            )
+    if not strategy.save_distributed_checkpoint:
+        raise UserError(
+            "strategy.save_distributed_checkpoint=false is not supported with "
+            "strategy.pipeline_parallel_size>1: each stage saves its own shards (eval.py, "
+            "predict.py and export.py read the folder on one device)."
+        )
+
+
+def check_pipeline_split(net, strategy) -> None:
+    """More stages than the network has blocks: one line before the processes start."""
+    from litforge.parallelize import count_blocks
+    from litforge.stages import num_stages
+
+    pp = getattr(strategy, "pipeline_parallel_size", 1)
+    if pp <= 1:
+        return
+    stages, blocks = num_stages(pp, strategy.schedule), count_blocks(net)
+    if stages > blocks:
+        raise UserError(
+            f"strategy.pipeline_parallel_size={pp} with strategy.schedule={strategy.schedule} "
+            f"needs {stages} stages, but {type(net).__name__} has {blocks} blocks to split: use "
+            f"fewer stages or a deeper network."
+        )
+
+
 def accelerator_is_cpu(accelerator: str) -> bool:
     return accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
 
@@ -75,13 +137,17 @@ def check_strategy(cfg: DictConfig) -> None:
                 "Use bf16-mixed (or bf16-true, 32-true)."
             )
         dp, tp = strategy.data_parallel_size, strategy.tensor_parallel_size
+        pp = strategy.get("pipeline_parallel_size", 1)
+        if pp != 1:
+            check_pipeline(cfg)
         if isinstance(devices, int):
             world = devices * trainer.num_nodes
-            dp_size, tp_size = mesh_sizes(dp, tp, devices, trainer.num_nodes)
-            if dp_size * tp_size != world:
+            dp_size, tp_size = mesh_sizes(dp, tp, devices, trainer.num_nodes, pp)
+            if pp * dp_size * tp_size != world or dp_size < 1:
                 raise UserError(
-                    f"strategy.data_parallel_size={dp} x strategy.tensor_parallel_size={tp} "
-                    f"must multiply to trainer.devices x trainer.num_nodes = {world}."
+                    f"strategy.pipeline_parallel_size={pp} x strategy.data_parallel_size={dp} x "
+                    f"strategy.tensor_parallel_size={tp} must multiply to trainer.devices x "
+                    f"trainer.num_nodes = {world}."
                 )
             if tp_size > 1 and trainer.get("detect_anomaly"):
                 raise UserError(

@@ -1,9 +1,15 @@
-"""How each network is placed on a device mesh: one function per model, always in the order
-tensor parallel → compile → FSDP2 (torchtitan's order).
+"""How each network is placed on a device mesh: one place per model, always in the order
+pipeline split → tensor parallel → compile → FSDP2 (torchtitan's order).
 
-`strategy=model_parallel` (Lightning's ModelParallelStrategy) builds a 2-D mesh named
-`data_parallel` × `tensor_parallel`; `ClassificationModule.configure_model` hands it to
+`strategy=model_parallel` (`litforge.strategies.ModelParallelStrategy`) builds a mesh named
+`pipeline_parallel` × `data_parallel` × `tensor_parallel` (the first only when
+`strategy.pipeline_parallel_size` > 1); `ClassificationModule.configure_model` hands it to
 `parallelize`. The networks themselves (`models/mlp.py`, `models/cnn.py`) know nothing of this.
+
+A pipeline split keeps a stage's layers where they are and puts `nn.Identity` in place of the
+others: parameter names stay the full network's, so the shards of all stages make up exactly the
+single-device checkpoint. Each stage runs its blocks through an `nn.Sequential` of the same
+layer objects (`litforge.stages` runs the schedule).
 """
 
 from __future__ import annotations
@@ -23,8 +29,26 @@ from torch.distributed.tensor.parallel import (
 from litforge.models.cnn import CNN
 from litforge.models.mlp import MLP
 
+Block = list[str]  # paths of submodules that run one after another (`net.get_submodule`)
 
-def parallelize_mlp(net: MLP, mesh: DeviceMesh, compile: bool) -> None:
+
+# --- MLP ------------------------------------------------------------------------------------
+
+
+def blocks_mlp(net: MLP) -> list[Block]:
+    """Each hidden layer (linear, batch norm, activation, dropout), then the output layer; the
+    flatten goes with the first."""
+    blocks: list[Block] = [[]]
+    for name, module in net.layers.named_children():
+        if isinstance(module, nn.Linear) and any(
+            isinstance(net.get_submodule(path), nn.Linear) for path in blocks[-1]
+        ):
+            blocks.append([])
+        blocks[-1].append(f"layers.{name}")
+    return blocks
+
+
+def parallelize_mlp(net: MLP, mesh: DeviceMesh, compile: bool, stages: list[nn.Module]) -> None:
     tp, dp = mesh["tensor_parallel"], mesh["data_parallel"]
     if tp.size() > 1:
         # Batch norm between the linear layers needs whole feature vectors: each layer's weight
@@ -33,47 +57,107 @@ def parallelize_mlp(net: MLP, mesh: DeviceMesh, compile: bool) -> None:
         plan = {
             name: ColwiseParallel(output_layouts=Replicate())
             for name, module in net.layers.named_children()
-            if isinstance(module, nn.Linear)
+            if isinstance(module, nn.Linear)  # a pipeline stage's own layers only
         }
         parallelize_module(net.layers, tp, plan)
-    if compile:
-        net.compile()
-    if dp.size() > 1 or tp.size() == 1:
-        for layer in net.layers:
-            if isinstance(layer, nn.Linear):
-                fully_shard(layer, mesh=dp)
-        fully_shard(net, mesh=dp)
+    for stage in stages or [net]:
+        if compile:
+            stage.compile()
+        if dp.size() > 1 or tp.size() == 1:
+            for layer in stage.modules():
+                if isinstance(layer, nn.Linear):
+                    fully_shard(layer, mesh=dp)
+            fully_shard(stage, mesh=dp)
 
 
-def parallelize_cnn(net: CNN, mesh: DeviceMesh, compile: bool) -> None:
+# --- CNN ------------------------------------------------------------------------------------
+
+
+def blocks_cnn(net: CNN) -> list[Block]:
+    """Each convolution block (conv, batch norm, activation, pool), then the whole head."""
+    names = [f"features.{name}" for name, _ in net.features.named_children()]
+    per_block = 4
+    return [names[i : i + per_block] for i in range(0, len(names), per_block)] + [["head"]]
+
+
+def parallelize_cnn(net: CNN, mesh: DeviceMesh, compile: bool, stages: list[nn.Module]) -> None:
     tp, dp = mesh["tensor_parallel"], mesh["data_parallel"]
-    if tp.size() > 1:
+    if tp.size() > 1 and isinstance(net.head, nn.Sequential):  # not another stage's
         # The head's two linear layers as a Megatron pair: the first split by output features,
         # the second by input features, one all-reduce at the end. Convolutions have no tensor
         # parallel style in torch: the trunk is only FSDP-sharded.
         head = net.head
         first, second = (n for n, m in head.named_children() if isinstance(m, nn.Linear))
         parallelize_module(head, tp, {first: ColwiseParallel(), second: RowwiseParallel()})
-    if compile:
-        net.compile()
-    if dp.size() > 1 or tp.size() == 1:
-        fully_shard(net.features, mesh=dp)
-        fully_shard(net, mesh=dp)
+    for stage in stages or [net]:
+        if compile:
+            stage.compile()
+        if dp.size() > 1 or tp.size() == 1:
+            if not stages:
+                fully_shard(net.features, mesh=dp)
+            fully_shard(stage, mesh=dp)
 
 
-PARALLELIZE: dict[type[nn.Module], Callable[[nn.Module, DeviceMesh, bool], None]] = {
-    MLP: parallelize_mlp,
-    CNN: parallelize_cnn,
+# --- for every model ------------------------------------------------------------------------
+
+PLANS: dict[type[nn.Module], tuple[Callable, Callable]] = {
+    MLP: (blocks_mlp, parallelize_mlp),
+    CNN: (blocks_cnn, parallelize_cnn),
 }
 
 
-def parallelize(net: nn.Module, mesh: DeviceMesh, compile: bool = False) -> None:
-    """Shard `net` in place over `mesh` with the function registered for its class."""
+def plan_for(net: nn.Module) -> tuple[Callable, Callable]:
     try:
-        function = PARALLELIZE[type(net)]
+        return PLANS[type(net)]
     except KeyError:
         raise TypeError(
-            f"strategy=model_parallel does not know how to shard {type(net).__name__}: add a "
-            "parallelize function for it to litforge/parallelize.py."
+            f"strategy=model_parallel does not know how to place {type(net).__name__}: add its "
+            "blocks_* and parallelize_* functions to litforge/parallelize.py."
         ) from None
-    function(net, mesh, compile)
+
+
+def stage_ranges(num_blocks: int, num_stages: int) -> list[range]:
+    """Contiguous runs of blocks, one per stage, as even as they go (earlier stages get the
+    extra blocks)."""
+    base, extra = divmod(num_blocks, num_stages)
+    starts = [s * base + min(s, extra) for s in range(num_stages + 1)]
+    return [range(starts[s], starts[s + 1]) for s in range(num_stages)]
+
+
+def split(net: nn.Module, blocks: list[Block], own: list[int], num_stages: int) -> list[nn.Module]:
+    """Keep the blocks of the stages in `own`, put `nn.Identity` in place of all others, and
+    return one `nn.Sequential` per owned stage that runs its blocks in order."""
+    ranges = stage_ranges(len(blocks), num_stages)
+    kept = {path for s in own for b in ranges[s] for path in blocks[b]}
+    for block in blocks:
+        for path in block:
+            if path not in kept:
+                net.set_submodule(path, nn.Identity())
+    return [
+        nn.Sequential(*(net.get_submodule(path) for b in ranges[s] for path in blocks[b]))
+        for s in own
+    ]
+
+
+def parallelize(
+    net: nn.Module,
+    mesh: DeviceMesh,
+    compile: bool = False,
+    own_stages: list[int] | None = None,
+    num_stages: int = 1,
+) -> list[nn.Module]:
+    """Place `net` on `mesh` in place, with the functions registered for its class. With
+    `num_stages` > 1: first keep only the stages in `own_stages` (returned, in order, for the
+    schedule); else returns []."""
+    blocks_of, place = plan_for(net)
+    stages: list[nn.Module] = []
+    if num_stages > 1:
+        stages = split(net, blocks_of(net), own_stages, num_stages)
+    place(net, mesh, compile, stages)
+    return stages
+
+
+def count_blocks(net: nn.Module) -> int:
+    """How many pipeline stages `net` can be split into at most."""
+    blocks_of, _ = plan_for(net)
+    return len(blocks_of(net))

@@ -30,7 +30,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig, OmegaConf
 
 from litforge import resume
-from litforge.checks import check_config
+from litforge.checks import check_config, check_pipeline_split
 from litforge.console import print_config, print_metrics
 from litforge.errors import UserError, one_line
 
@@ -142,6 +142,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     datamodule = build_datamodule(cfg)
     model = build_model(cfg, datamodule)
     trainer = build_trainer(cfg)
+    check_pipeline_split(model.net, trainer.strategy)
     ckpt_path, checkpoint = cfg.get("ckpt_path"), None
     if ckpt_path:
         ckpt_path, checkpoint = resume.checked_checkpoint(
@@ -152,6 +153,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
             fitting=cfg.get("train"),
             sharded=type(trainer.strategy).__name__ in ("ModelParallelStrategy", "FSDPStrategy"),
         )
+        pipelined = getattr(trainer.strategy, "pipeline_parallel_size", 1) > 1
+        if cfg.get("train") and pipelined and checkpoint is not None:
+            raise UserError(
+                f"{ckpt_path} is one file: a pipeline run resumes from a folder of shards that a "
+                f"run of the same sizes wrote (strategy.save_distributed_checkpoint=true)."
+            )
 
     metrics: dict[str, float] = {}
     if cfg.get("train"):

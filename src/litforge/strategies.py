@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from typing import Any
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy as _LightningDDPStrategy
@@ -72,23 +73,109 @@ class DDPStrategy(ReportsLostProcesses, _LightningDDPStrategy):
             log.info("DDP gradient communication hook attached: %s", attached)
 
 
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")  # torch.distributed.pipelining's
+
+
 class ModelParallelStrategy(ReportsLostProcesses, _LightningModelParallelStrategy):
-    """Lightning's ModelParallelStrategy where `data_parallel_size="auto"` means what tensor
-    parallelism leaves of all processes (Lightning's own "auto" is the number of nodes, by
-    design: Lightning PR #19878)."""
+    """Lightning's ModelParallelStrategy, with pipeline parallelism as a third mesh dimension.
+
+    The device mesh is `pipeline_parallel` × `data_parallel` × `tensor_parallel` (Lightning's is
+    the last two). `pipeline_parallel_size` > 1 splits the network into that many stages (how,
+    per model: `litforge.parallelize`), each on its own processes, run by `schedule` over
+    `microbatches` slices of each batch (default: 2 per stage). `data_parallel_size="auto"` is
+    what the other two leave of all processes (Lightning's own "auto" is the number of nodes, by
+    design: Lightning PR #19878).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        pipeline_parallel_size: int = 1,
+        microbatches: int | None = None,
+        schedule: str = "1f1b",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.pipeline_parallel_size = pipeline_parallel_size
+        self.microbatches = microbatches or 2 * pipeline_parallel_size
+        self.schedule = schedule
 
     def setup_environment(self) -> None:
-        if self._data_parallel_size == "auto":
-            self._data_parallel_size, _ = mesh_sizes(
-                "auto", self._tensor_parallel_size, self.num_processes, self.num_nodes
-            )
-        super().setup_environment()
+        self._data_parallel_size, self._tensor_parallel_size = mesh_sizes(
+            self._data_parallel_size,
+            self._tensor_parallel_size,
+            self.num_processes,
+            self.num_nodes,
+            self.pipeline_parallel_size,
+        )
+        if self.pipeline_parallel_size == 1:
+            super().setup_environment()
+            return
+        from torch.distributed.device_mesh import init_device_mesh
+
+        # Lightning's own steps, with a 3-D mesh in place of its 2-D one.
+        super(_LightningModelParallelStrategy, self).setup_environment()
+        self._setup_distributed()
+        self._device_mesh = init_device_mesh(
+            self.root_device.type,
+            (self.pipeline_parallel_size, self._data_parallel_size, self._tensor_parallel_size),
+            mesh_dim_names=("pipeline_parallel", "data_parallel", "tensor_parallel"),
+        )
+        self.lightning_module._device_mesh = self._device_mesh
+
+    # Optimizer states, pipelined: one entry per parameter (its group's settings too), so that
+    # the stages' entries sit side by side in one folder of shards. Lightning's layout keeps
+    # one list of groups, which the stages would overwrite for each other.
+    _FLAT_OPTIMIZER = {"flatten_optimizer_state_dict": True, "cpu_offload": True}
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        if self.pipeline_parallel_size == 1:
+            return super().optimizer_state(optimizer)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
+
+        optimizer = getattr(optimizer, "_optimizer", optimizer)  # LightningOptimizer's
+        options = StateDictOptions(**self._FLAT_OPTIMIZER)
+        return get_optimizer_state_dict(self.model, optimizer, options=options)
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict:
+        """Lightning's loading of a folder of shards, with flattened optimizer states."""
+        if self.pipeline_parallel_size == 1:
+            return super().load_checkpoint(checkpoint_path, weights_only)
+        from pathlib import Path
+
+        from lightning.fabric.strategies.model_parallel import (
+            _METADATA_FILENAME,
+            _distributed_checkpoint_load,
+        )
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        path = Path(self.broadcast(checkpoint_path))
+        model_state = {"state_dict": get_model_state_dict(self.model)}  # this stage's keys
+        _distributed_checkpoint_load(model_state, path)
+        self.model.load_state_dict(model_state["state_dict"])
+        options = StateDictOptions(**self._FLAT_OPTIMIZER)
+        for index, optimizer in enumerate(self.optimizers):
+            key = f"optimizer_{index}"
+            state = {key: get_optimizer_state_dict(self.model, optimizer, options=options)}
+            _distributed_checkpoint_load(state, path)
+            set_optimizer_state_dict(self.model, optimizer, state[key], options=options)
+        return torch.load(path / _METADATA_FILENAME, weights_only=weights_only)
 
 
-def mesh_sizes(dp: int | str, tp: int | str, per_node: int, num_nodes: int) -> tuple[int, int]:
+def mesh_sizes(
+    dp: int | str, tp: int | str, per_node: int, num_nodes: int, pp: int = 1
+) -> tuple[int, int]:
     """The (data parallel, tensor parallel) sizes of the device mesh. Tensor parallel "auto":
-    all processes of a node (Lightning's rule); data parallel "auto": what tensor parallelism
-    leaves of all processes."""
+    all processes of a node (Lightning's rule); data parallel "auto": what pipeline and tensor
+    parallelism leave of all processes."""
     tp_size = per_node if tp == "auto" else int(tp)
-    dp_size = num_nodes * per_node // tp_size if dp == "auto" else int(dp)
+    dp_size = num_nodes * per_node // (tp_size * pp) if dp == "auto" else int(dp)
     return dp_size, tp_size

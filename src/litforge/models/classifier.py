@@ -111,6 +111,7 @@ class ClassificationModule(L.LightningModule):
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # part of the checkpoint, so a resumed run keeps it
         self._train_sums: torch.Tensor | None = None  # loss × n, correct, n over this epoch
+        self._pipeline = None  # litforge.stages.Pipeline under strategy.pipeline_parallel_size > 1
 
     def configure_model(self) -> None:
         # Lightning calls this once the strategy is set up, on every run (fit, test, ...).
@@ -119,7 +120,22 @@ class ClassificationModule(L.LightningModule):
         self._configured = True
         if self.hparams.channels_last:  # NHWC weights: ~1.6x faster convolutions on CPUs
             self.net.to(memory_format=torch.channels_last)
-        if self.device_mesh is not None:  # strategy=model_parallel: FSDP2 / tensor parallel
+        strategy = self.trainer.strategy if self._trainer is not None else None
+        if self.device_mesh is not None and getattr(strategy, "pipeline_parallel_size", 1) > 1:
+            from litforge.stages import Pipeline
+
+            self._pipeline = Pipeline(
+                self.net,
+                self.device_mesh,
+                strategy.schedule,
+                strategy.microbatches,
+                self._training_loss,
+                strategy.root_device,
+                compile=self.compile_net,
+            )
+            # The schedule runs the backward pass: this path steps the optimizer itself.
+            self.automatic_optimization = False
+        elif self.device_mesh is not None:  # strategy=model_parallel: FSDP2 / tensor parallel
             from litforge.parallelize import parallelize
 
             parallelize(self.net, self.device_mesh, compile=self.compile_net)
@@ -130,11 +146,23 @@ class ClassificationModule(L.LightningModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
+    def _training_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        # Validation and test losses stay unweighted: comparable with and without balancing.
+        return F.cross_entropy(logits, y, weight=self.class_weights)
+
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int):
+        if self._pipeline is not None:
+            return self._pipelined_training_step(batch)
         x, y = batch
         logits = self(x)
-        # Validation and test losses stay unweighted: comparable with and without balancing.
-        loss = F.cross_entropy(logits, y, weight=self.class_weights)
+        loss = self._training_loss(logits, y)
+        self._add_to_epoch_sums(logits, loss, y)
+        # The per-step loss only on the steps the logger writes anyway.
+        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
+            self.log("train/loss_step", loss, on_step=True, on_epoch=False, prog_bar=True)
+        return loss
+
+    def _add_to_epoch_sums(self, logits: torch.Tensor, loss: torch.Tensor, y: torch.Tensor):
         # Epoch statistics as running sums: `self.log` costs ~1 ms a call on a CPU, a metric
         # object's update ~0.8 ms; these additions cost microseconds.
         with torch.no_grad():
@@ -142,10 +170,32 @@ class ClassificationModule(L.LightningModule):
             correct = (logits.argmax(dim=1) == y).sum()
             sums = torch.stack([loss.detach() * n, correct, n]).float()
             self._train_sums = sums if self._train_sums is None else self._train_sums + sums
-        # The per-step loss only on the steps the logger writes anyway.
-        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
-            self.log("train/loss_step", loss, on_step=True, on_epoch=False, prog_bar=True)
-        return loss
+
+    def _pipelined_training_step(self, batch: tuple[torch.Tensor, torch.Tensor]):
+        """One step of the pipeline schedule (forward and backward over all microbatches), then
+        the optimizer. Only the last stage has logits and a loss; the step loss is not logged on
+        this path (rank 0 holds the first stage), the epoch's `train/loss` is."""
+        x, y = batch
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        logits, loss, y = self._pipeline.train_step(x, y)
+        optimizer.step()
+        self._step_schedulers("step")
+        if logits is None:  # a value all the same: callbacks compare it across processes
+            return torch.zeros((), device=self.device)
+        self._add_to_epoch_sums(logits, loss, y)
+        return loss.detach()
+
+    def _step_schedulers(self, interval: str) -> None:
+        """What Lightning does for schedulers under automatic optimization (pipeline path)."""
+        for config in self.trainer.lr_scheduler_configs:
+            count = self.global_step if interval == "step" else self.current_epoch + 1
+            if config.interval != interval or count % config.frequency:
+                continue
+            if config.monitor:  # ReduceLROnPlateau
+                config.scheduler.step(self.trainer.callback_metrics[config.monitor])
+            else:
+                config.scheduler.step()
 
     def on_train_epoch_start(self) -> None:
         self._train_sums = None
@@ -172,6 +222,8 @@ class ClassificationModule(L.LightningModule):
             self._train_sums = sums.to(self.device) if rank == 0 else torch.zeros_like(sums)
 
     def on_train_epoch_end(self) -> None:
+        if self._pipeline is not None:
+            self._step_schedulers("epoch")
         # Summed over all processes, then divided: exact under DDP however batches fall. (A
         # copy: the reduction works in place.)
         total = self.trainer.strategy.reduce(self._epoch_sums().clone(), reduce_op="sum")
@@ -181,9 +233,11 @@ class ClassificationModule(L.LightningModule):
         self.log("train/loss", loss_sum / count, prog_bar=True)
         self.log("train/acc", correct / count, prog_bar=True)
 
-    def _evaluate(self, batch, metrics: MetricCollection, loss: MeanMetric) -> torch.Tensor:
+    def _evaluate(self, batch, metrics: MetricCollection, loss: MeanMetric) -> torch.Tensor | None:
         x, y = batch
-        logits = self(x)
+        logits = self._pipeline.forward(x, y) if self._pipeline is not None else self(x)
+        if logits is None:  # a pipeline stage before the last: nothing to count here
+            return None
         loss.update(F.cross_entropy(logits, y), weight=len(y))
         metrics.update(logits, y)
         return logits
@@ -202,7 +256,8 @@ class ClassificationModule(L.LightningModule):
 
     def test_step(self, batch, batch_idx: int) -> None:
         logits = self._evaluate(batch, self.test_metrics, self.test_loss)
-        self.test_confusion.update(logits, batch[1])
+        if logits is not None:
+            self.test_confusion.update(logits, batch[1])
 
     def on_validation_epoch_end(self) -> None:
         values = self._log_evaluation(self.val_metrics, self.val_loss, "val")
