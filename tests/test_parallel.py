@@ -7,8 +7,16 @@ import subprocess
 
 import pytest
 import torch
-from helpers import ROOT, free_port, predicted_accuracy, run_script, tiny_run_args
+from helpers import (
+    ROOT,
+    compose_config,
+    free_port,
+    predicted_accuracy,
+    run_script,
+    tiny_run_args,
+)
 
+from litforge.pipeline import evaluate as pipeline_evaluate
 from litforge.resume import read_checkpoint
 
 MP = ["strategy=model_parallel", "strategy.timeout.minutes=3"]
@@ -36,15 +44,10 @@ def placements(path) -> dict[str, tuple[list[str], list[str]] | None]:
 
 
 def evaluate(ckpt, data_dir, out_dir) -> dict:
-    result = run_script(
-        "eval.py",
-        f"ckpt_path={ckpt}",
-        "data=mnist",
-        f"paths.data_dir={data_dir}",
-        f"hydra.run.dir={out_dir}",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads((out_dir / "metrics.json").read_text())
+    """eval.py's test metrics for `ckpt`, on one device (in this process: the single-device
+    path needs no subprocess)."""
+    overrides = [f"ckpt_path={ckpt}", "data=mnist", f"paths.data_dir={data_dir}"]
+    return pipeline_evaluate(compose_config("eval", out_dir, overrides))
 
 
 @pytest.mark.slow

@@ -281,11 +281,20 @@ def test_every_strategy_config_builds_its_strategy(tmp_path, name):
 
 
 @pytest.mark.slow
-def test_a_dead_rank_stops_the_job_with_its_name(tmp_path, idx_data_dir):
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        ["strategy=ddp"],
+        # a pipeline stage: the other one waits for its activations when it dies
+        ["strategy=model_parallel", "strategy.pipeline_parallel_size=2", "strategy.microbatches=2"],
+    ],
+    ids=["ddp", "pipeline"],
+)
+def test_a_dead_rank_stops_the_job_with_its_name(tmp_path, idx_data_dir, strategy):
     args = tiny_run_args(
         idx_data_dir,
         tmp_path / "run",
-        "strategy=ddp",
+        *strategy,
         "trainer.devices=2",
         "trainer.max_epochs=100",  # far from done when rank 1 dies
         "data.batch_size=10",

@@ -5,9 +5,10 @@ import os
 
 import pytest
 import torch
-from helpers import predicted_accuracy, run_script, write_idx_dataset
+from helpers import compose_config, predicted_accuracy, run_script, write_idx_dataset
 
 from litforge.models import ClassificationModule
+from litforge.pipeline import evaluate
 
 NET = {"_target_": "litforge.models.cnn.CNN", "channels": [4], "hidden_size": 8}
 OPTIMIZER = {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1}
@@ -51,16 +52,9 @@ def test_compiled_run_checkpoint_loads_into_eager_eval(tmp_path):
     state = torch.load(best, weights_only=True)["state_dict"]
     assert not [key for key in state if "_orig_mod" in key]
 
-    result = run_script(
-        "eval.py",
-        f"ckpt_path={best}",
-        "data=mnist",
-        f"paths.data_dir={data_dir}",
-        f"hydra.run.dir={tmp_path / 'eval'}",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    overrides = [f"ckpt_path={best}", "data=mnist", f"paths.data_dir={data_dir}"]
+    evaluated = evaluate(compose_config("eval", tmp_path / "eval", overrides))  # eval.py's path
     trained = json.loads((run_dir / "metrics.json").read_text())
-    evaluated = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert evaluated["test/acc"] == pytest.approx(trained["test/acc"], abs=1e-6)
     # predict.py, export.py and serve.py load it eagerly too
     predicted = predicted_accuracy(best, data_dir / "mnist")
