@@ -5,7 +5,7 @@ DATASET ?= fashion_mnist
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install data train test test-fast lint bench bench-data bench-inference clean
+.PHONY: help install data train test test-fast lint bench bench-data bench-inference bench-pipeline clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -40,6 +40,9 @@ bench-data: data  ## images per second from files: torchvision vs data=image_fol
 
 bench-inference: data  ## CPU latency/throughput: eager, compiled, pt2, onnxruntime; serve.py req/s
 	$(PYTHON) benchmarks/inference.py
+
+bench-pipeline: data  ## ms per training step against pipeline stages and microbatches
+	$(PYTHON) benchmarks/pipeline.py
 
 clean:  ## remove run outputs (logs/) and caches; keeps data/
 	rm -rf logs outputs multirun .pytest_cache .ruff_cache

@@ -71,7 +71,7 @@ def seconds_per_step(out: Path, steps: int, *overrides: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stages", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--microbatches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--microbatches", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b"])
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()

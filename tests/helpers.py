@@ -181,9 +181,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def tiny_run_args(data_dir: Path, run_dir: Path | None, *extra: str) -> list[str]:
+def tiny_run_args(
+    data_dir: Path, run_dir: Path | None, *extra: str, progress_bar: bool = False
+) -> list[str]:
     """Overrides for a seconds-long CPU run on the small MNIST files in `data_dir`; `run_dir`
-    None leaves the folder to Hydra (sweeps, runs pinned to a cluster job id)."""
+    None leaves the folder to Hydra (sweeps, runs pinned to a cluster job id). The progress bar
+    is off unless asked for (its output would fill the captured logs)."""
     return [
         "data=mnist",
         f"paths.data_dir={data_dir}",
@@ -192,7 +195,7 @@ def tiny_run_args(data_dir: Path, run_dir: Path | None, *extra: str) -> list[str
         "trainer.accelerator=cpu",
         "trainer.max_epochs=1",
         "extras.print_config=false",
-        "callbacks.rich_progress_bar=null",
+        *([] if progress_bar else ["callbacks.rich_progress_bar=null"]),
         *([f"hydra.run.dir={run_dir}"] if run_dir is not None else []),
         *extra,
     ]

@@ -18,11 +18,14 @@ GLOBAL_BATCH = 32
 MLP = ["model.net.hidden_sizes=[32,32,32]", "model.net.dropout=0"]  # 4 blocks: 4 stages at most
 
 
-def run(tmp_path, name: str, *args: str) -> dict:
+def run(tmp_path, name: str, *args: str, progress_bar: bool = False) -> dict:
     """train.py in a subprocess (its own port); the run's final metrics and weights."""
     run_dir = tmp_path / name
     env = {"MASTER_PORT": str(free_port())}
-    base = tiny_run_args(tmp_path / "data", run_dir, *MLP, "logger=none", *args)
+    network = [] if "model=cnn" in args else MLP
+    base = tiny_run_args(
+        tmp_path / "data", run_dir, *network, "logger=none", *args, progress_bar=progress_bar
+    )
     result = run_script("train.py", *base, env=env, timeout=400)
     assert result.returncode == 0, result.stderr[-4000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
@@ -124,6 +127,29 @@ def test_pipeline_times_data_parallel_on_four_processes(data):
         *no_bn,
     )
     assert_same_training(piped, reference)
+
+
+@pytest.mark.slow
+def test_cnn_in_two_stages_of_two_tensor_parallel_processes(data):
+    """The README's 3-D example: the CNN (channels-last convolutions) cut into its convolution
+    blocks and head, each stage tensor-parallel over 2 processes; its folder of shards reads on
+    one device to the run's own test accuracy. With the progress bar, as a user runs it (the
+    processes other than rank 0 skip it)."""
+    piped = run(
+        data,
+        "cnn_pp2_tp2",
+        *pipeline("strategy.tensor_parallel_size=2", "strategy.microbatches=4", devices=4),
+        "model=cnn",
+        "model.net.channels=[8,8]",
+        "model.net.hidden_size=16",
+        f"data.batch_size={GLOBAL_BATCH}",
+        f"trainer.limit_train_batches={STEPS}",
+        progress_bar=True,
+    )
+    best = next((piped["dir"] / "checkpoints").glob("epoch_*.ckpt"))
+    accuracy = predicted_accuracy(best, data / "data" / "mnist")
+    assert accuracy == pytest.approx(piped["metrics"]["test/acc"], abs=1e-6)
+    assert piped["metrics"]["train/loss"] < 2.3  # below chance: it learned
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import lightning as L
@@ -33,21 +33,23 @@ class RichProgressBar(_LightningRichProgressBar):
     def __init__(self, refresh_rate: int = 20, **kwargs: Any) -> None:
         super().__init__(refresh_rate=refresh_rate, **kwargs)
 
-    def _due(self, batch_idx: int, total: int | float) -> bool:
+    def _due(self, batch_idx: int, total: Callable[[], int | float]) -> bool:
+        # `total` is read on rank 0 only: on the others Lightning never sets up what it reads
+        # (the current evaluation dataloader), and reading it fails.
         return self.is_enabled and (
-            (batch_idx + 1) % self.refresh_rate == 0 or batch_idx + 1 >= total
+            (batch_idx + 1) % self.refresh_rate == 0 or batch_idx + 1 >= total()
         )
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self._due(batch_idx, self.total_train_batches):
+        if self._due(batch_idx, lambda: self.total_train_batches):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args) -> None:
-        if self._due(batch_idx, self.total_val_batches_current_dataloader):
+        if self._due(batch_idx, lambda: self.total_val_batches_current_dataloader):
             super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, *args)
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args) -> None:
-        if self._due(batch_idx, self.total_test_batches_current_dataloader):
+        if self._due(batch_idx, lambda: self.total_test_batches_current_dataloader):
             super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, *args)
 
 

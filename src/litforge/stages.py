@@ -50,6 +50,14 @@ def own_stages(pipeline_rank: int, pipeline_size: int, schedule: str) -> list[in
     return list(range(pipeline_rank, num_stages(pipeline_size, schedule), pipeline_size))
 
 
+class Contiguous(nn.Module):
+    """A stage's output as one dense block: activations go to the next stage through the
+    process group, which sends no strided tensors (channels-last convolutions make them)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous()
+
+
 class Pipeline:
     """This process's stages of `net` and the schedule that runs them with the other processes
     of `mesh["pipeline_parallel"]`."""
@@ -68,7 +76,10 @@ class Pipeline:
         size, rank = pipeline_mesh.size(), pipeline_mesh.get_local_rank()
         self.num_stages = num_stages(size, schedule)
         self.stage_indices = own_stages(rank, size, schedule)
-        self.modules = parallelize(net, mesh, compile, self.stage_indices, self.num_stages)
+        self.modules = [
+            nn.Sequential(stage, Contiguous())
+            for stage in parallelize(net, mesh, compile, self.stage_indices, self.num_stages)
+        ]
         self.first = 0 in self.stage_indices
         self.last = self.num_stages - 1 in self.stage_indices
         self.schedule_name, self.microbatches, self.loss_fn = schedule, microbatches, loss_fn
