@@ -158,6 +158,11 @@ def test_cnn_in_two_stages_of_two_tensor_parallel_processes(data):
         (["trainer.devices=3"], r"must multiply to trainer.devices x trainer.num_nodes = 3"),
         (["strategy.microbatches=3"], "strategy.microbatches=3 does not divide data.batch_size"),
         (["strategy.schedule=zigzag"], "strategy.schedule=zigzag is not one of"),
+        (["strategy.microbatches=1"], "needs at least one microbatch per stage"),
+        (
+            ["model.scheduler._target_=torch.optim.lr_scheduler.ReduceLROnPlateau"],
+            "ReduceLROnPlateau is not supported",
+        ),
         (
             ["strategy.schedule=interleaved_1f1b", "strategy.microbatches=5", "data.batch_size=50"],
             "needs strategy.microbatches",

@@ -65,12 +65,19 @@ def check_pipeline(cfg: DictConfig) -> None:
             f"strategy.microbatches={microbatches} does not divide data.batch_size={batch}: "
             f"choose a batch size that is a multiple of it, or other microbatches."
         )
+    if schedule != "gpipe" and microbatches < pp:
+        raise UserError(
+            f"strategy.schedule={schedule} needs at least one microbatch per stage: set "
+            f"strategy.microbatches to {pp} or more (it is {microbatches})."
+        )
     if schedule == "interleaved_1f1b" and microbatches % pp:
         raise UserError(
             f"strategy.schedule=interleaved_1f1b needs strategy.microbatches ({microbatches}) "
             f"to be a multiple of strategy.pipeline_parallel_size ({pp})."
         )
+    scheduler = str(OmegaConf.select(cfg, "model.scheduler._target_", default="") or "")
     unsupported = {
+        "model.scheduler=ReduceLROnPlateau": scheduler.endswith("ReduceLROnPlateau"),
         "trainer.gradient_clip_val": trainer.get("gradient_clip_val"),
         "trainer.accumulate_grad_batches": (trainer.get("accumulate_grad_batches") or 1) > 1,
         "trainer.detect_anomaly": trainer.get("detect_anomaly"),
@@ -80,8 +87,9 @@ def check_pipeline(cfg: DictConfig) -> None:
         if used:
             raise UserError(
                 f"{setting} is not supported with strategy.pipeline_parallel_size={pp} (the "
-                f"schedule runs the backward pass itself). Remove it, or train without the "
-                f"pipeline; strategy.microbatches already accumulates gradients."
+                f"schedule runs the backward pass, and this path steps the optimizer itself). "
+                f"Remove it, or train without the pipeline; strategy.microbatches already "
+                f"accumulates gradients."
             )
     if not strategy.save_distributed_checkpoint:
         raise UserError(

@@ -32,6 +32,14 @@ from litforge.models.mlp import MLP
 Block = list[str]  # paths of submodules that run one after another (`net.get_submodule`)
 
 
+class Contiguous(nn.Module):
+    """A stage's output as one dense block: activations go to the next stage through the
+    process group, which sends no strided tensors (channels-last convolutions make them)."""
+
+    def forward(self, x):
+        return x.contiguous()
+
+
 # --- MLP ------------------------------------------------------------------------------------
 
 
@@ -134,7 +142,9 @@ def split(net: nn.Module, blocks: list[Block], own: list[int], num_stages: int) 
             if path not in kept:
                 net.set_submodule(path, nn.Identity())
     return [
-        nn.Sequential(*(net.get_submodule(path) for b in ranges[s] for path in blocks[b]))
+        nn.Sequential(
+            *(net.get_submodule(path) for b in ranges[s] for path in blocks[b]), Contiguous()
+        )
         for s in own
     ]
 

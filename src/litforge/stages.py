@@ -50,14 +50,6 @@ def own_stages(pipeline_rank: int, pipeline_size: int, schedule: str) -> list[in
     return list(range(pipeline_rank, num_stages(pipeline_size, schedule), pipeline_size))
 
 
-class Contiguous(nn.Module):
-    """A stage's output as one dense block: activations go to the next stage through the
-    process group, which sends no strided tensors (channels-last convolutions make them)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.contiguous()
-
-
 class Pipeline:
     """This process's stages of `net` and the schedule that runs them with the other processes
     of `mesh["pipeline_parallel"]`."""
@@ -76,35 +68,35 @@ class Pipeline:
         size, rank = pipeline_mesh.size(), pipeline_mesh.get_local_rank()
         self.num_stages = num_stages(size, schedule)
         self.stage_indices = own_stages(rank, size, schedule)
-        self.modules = [
-            nn.Sequential(stage, Contiguous())
-            for stage in parallelize(net, mesh, compile, self.stage_indices, self.num_stages)
-        ]
+        self.modules = parallelize(net, mesh, compile, self.stage_indices, self.num_stages)
         self.first = 0 in self.stage_indices
         self.last = self.num_stages - 1 in self.stage_indices
         self.schedule_name, self.microbatches, self.loss_fn = schedule, microbatches, loss_fn
         self.group, self.device = pipeline_mesh.get_group(), device
-        self._schedules: dict[int, object] = {}
+        self._schedules: dict[tuple[str, int], object] = {}
+        self._eval_size = 0  # evaluation batches are padded to the first one's (full) size
         self._warned = False
         if not self.last:  # its metrics stay empty by design (the last stage counts)
             warnings.filterwarnings("ignore", message="The ``compute`` method of metric")
 
-    def _schedule(self, batch_size: int):
-        """One schedule per batch size: a stage learns the shapes it sends and receives on its
-        first step, so a smaller last batch gets stages of its own."""
-        if batch_size not in self._schedules:
+    def _schedule(self, mode: str, batch_size: int):
+        """One schedule per mode and batch size: a stage learns the shapes it sends and receives
+        on its first step (a smaller last training batch gets stages of its own), and torch's
+        schedules set themselves up again whenever they switch between training and eval."""
+        key = (mode, batch_size)
+        if key not in self._schedules:
             stages = [
                 PipelineStage(module, index, self.num_stages, self.device, group=self.group)
                 for module, index in zip(self.modules, self.stage_indices, strict=True)
             ]
             schedule_class = SCHEDULES[self.schedule_name]
             multi = self.schedule_name == "interleaved_1f1b"
-            self._schedules[batch_size] = schedule_class(
+            self._schedules[key] = schedule_class(
                 stages if multi else stages[0],
                 n_microbatches=self.microbatches,
                 loss_fn=self.loss_fn,
             )
-        return self._schedules[batch_size]
+        return self._schedules[key]
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor):
         """Forward and backward of one batch: (logits, mean loss, labels) on the last stage,
@@ -122,7 +114,7 @@ class Pipeline:
         if usable == 0:
             return None, None, labels
         losses: list[torch.Tensor] = []
-        output = self._schedule(usable).step(
+        output = self._schedule("train", usable).step(
             *((images,) if self.first else ()),
             target=labels if self.last else None,
             losses=losses if self.last else None,
@@ -132,15 +124,17 @@ class Pipeline:
         return output, torch.stack(losses).mean(), labels
 
     def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
-        """Logits for a batch (forward only) on the last stage; None on the others. A batch the
-        microbatches do not divide is padded with copies of its last image, whose logits are
-        dropped."""
+        """Logits for a batch (forward only) on the last stage; None on the others. A smaller
+        batch (an epoch's last) is padded to the first one's size with copies of its last image,
+        whose logits are dropped: one set of stages for all, whatever size each data-parallel
+        replica's last batch has."""
         n = len(labels)
-        pad = -n % self.microbatches
+        self._eval_size = max(self._eval_size, n + (-n % self.microbatches))
+        pad = self._eval_size - n
         if pad:
             images = torch.cat([images, images[-1:].expand(pad, *images.shape[1:])])
             labels = torch.cat([labels, labels[-1:].expand(pad)])
-        output = self._schedule(n + pad).eval(
+        output = self._schedule("eval", n + pad).eval(
             *((images,) if self.first else ()),
             target=labels if self.last else None,
         )

@@ -180,21 +180,18 @@ class ClassificationModule(L.LightningModule):
         optimizer.zero_grad()
         logits, loss, y = self._pipeline.train_step(x, y)
         optimizer.step()
-        self._step_schedulers("step")
+        self._step_schedulers("step", self.trainer.fit_loop.epoch_loop.batch_idx + 1)
         if logits is None:  # a value all the same: callbacks compare it across processes
             return torch.zeros((), device=self.device)
         self._add_to_epoch_sums(logits, loss, y)
         return loss.detach()
 
-    def _step_schedulers(self, interval: str) -> None:
-        """What Lightning does for schedulers under automatic optimization (pipeline path)."""
+    def _step_schedulers(self, interval: str, count: int) -> None:
+        """What Lightning does for schedulers under automatic optimization (pipeline path):
+        `count` is the batch of the epoch (interval "step") or the epoch, counted from 1.
+        (ReduceLROnPlateau, which needs a monitored metric, is refused on this path.)"""
         for config in self.trainer.lr_scheduler_configs:
-            count = self.global_step if interval == "step" else self.current_epoch + 1
-            if config.interval != interval or count % config.frequency:
-                continue
-            if config.monitor:  # ReduceLROnPlateau
-                config.scheduler.step(self.trainer.callback_metrics[config.monitor])
-            else:
+            if config.interval == interval and count % config.frequency == 0:
                 config.scheduler.step()
 
     def on_train_epoch_start(self) -> None:
@@ -223,7 +220,7 @@ class ClassificationModule(L.LightningModule):
 
     def on_train_epoch_end(self) -> None:
         if self._pipeline is not None:
-            self._step_schedulers("epoch")
+            self._step_schedulers("epoch", self.current_epoch + 1)
         # Summed over all processes, then divided: exact under DDP however batches fall. (A
         # copy: the reduction works in place.)
         total = self.trainer.strategy.reduce(self._epoch_sums().clone(), reduce_op="sum")
