@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from litforge.data.images import IMAGE_SUFFIXES, BadImageError, decode, fit
+from litforge.data.images import IMAGE_SUFFIXES, BadImageError, decode, fit, normalize
 from litforge.errors import UserError
 
 METADATA_KEY = "litforge"  # the key of the metadata in model.onnx and model.pt2
@@ -41,9 +41,8 @@ class ImageClassifier(nn.Module):
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        # The same operations, in the same order, as the training data's normalization
-        # (`litforge.data.images.normalize`): the same floats reach the network.
-        return self.net((images.float() / 255 - self.mean) / self.std)
+        # The training data's own normalization: the same floats reach the network.
+        return self.net(normalize(images, self.mean, self.std))
 
 
 def check_pixel_count(data: bytes) -> None:

@@ -20,7 +20,8 @@ from typing import ClassVar
 import lightning as L
 import torch
 
-from litforge.data.loaders import BatchAugment, EpochShuffler, TensorBatchLoader
+from litforge.data.images import normalize
+from litforge.data.loaders import BatchAugment, EpochShuffler, SplitLoaders, TensorBatchLoader
 from litforge.data.sources import DatasetSource, locate
 from litforge.errors import UserError, number_problem
 
@@ -30,7 +31,7 @@ CACHE_FORMAT = 1  # bump when the cached tensors change meaning
 CACHE = "decoded-uint8.pt"
 
 
-class InMemoryImageDataModule(L.LightningDataModule):
+class InMemoryImageDataModule(SplitLoaders, L.LightningDataModule):
     source: ClassVar[DatasetSource]
     input_shape: ClassVar[tuple[int, int, int]]  # channels, height, width
     class_names: ClassVar[tuple[str, ...]]
@@ -207,15 +208,4 @@ class InMemoryImageDataModule(L.LightningDataModule):
         )
 
     def _normalize(self, images: torch.Tensor) -> torch.Tensor:
-        mean = torch.tensor(self.mean).view(1, -1, 1, 1)
-        std = torch.tensor(self.std).view(1, -1, 1, 1)
-        return images.float().div_(255).sub_(mean).div_(std)  # in place: one full-size copy
-
-    def train_dataloader(self):
-        return self._loader("train", train=True)
-
-    def val_dataloader(self):
-        return self._loader("val", train=False)
-
-    def test_dataloader(self):
-        return self._loader("test", train=False)
+        return normalize(images, torch.tensor(self.mean), torch.tensor(self.std))

@@ -38,7 +38,7 @@ from litforge.data.images import (
     fit,
     normalize,
 )
-from litforge.data.loaders import EpochShuffler, ResumesMidEpoch, global_seed
+from litforge.data.loaders import EpochShuffler, ResumesMidEpoch, SplitLoaders, global_seed
 from litforge.errors import UserError, number_problem
 
 log = logging.getLogger(__name__)
@@ -289,7 +289,7 @@ def check_image_arguments(
     return None if crop_scale is None else tuple(float(v) for v in crop_scale)
 
 
-class ImageDataModule(L.LightningDataModule):
+class ImageDataModule(SplitLoaders, L.LightningDataModule):
     """What image folders and streaming shards share once their files are found: the model's
     arguments, per-batch normalization on the training device, class counts and balance.
 
@@ -351,18 +351,6 @@ class ImageDataModule(L.LightningDataModule):
     def pin_memory(self) -> bool:
         on_gpu = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
         return on_gpu if self.hparams.pin_memory is None else self.hparams.pin_memory
-
-    def _loader(self, split: str, train: bool):
-        raise NotImplementedError
-
-    def train_dataloader(self):
-        return self._loader("train", train=True)
-
-    def val_dataloader(self):
-        return self._loader("val", train=False)
-
-    def test_dataloader(self):
-        return self._loader("test", train=False)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         images, labels = batch
