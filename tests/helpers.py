@@ -201,6 +201,18 @@ def tiny_run_args(
     ]
 
 
+# Dropout and random crops/flips, deterministic: a resumed run must also restore the random
+# generators to end where an uninterrupted one does.
+RESUMABLE = [
+    "trainer.max_epochs=3",
+    "trainer.deterministic=true",
+    "data.batch_size=10",
+    "data.crop_padding=2",
+    "data.horizontal_flip=true",
+    "model.net.dropout=0.3",
+]
+
+
 class SendSignal(L.Callback):
     """Fault injection for subprocess tests (`+callbacks.fault._target_=helpers.SendSignal`,
     with PYTHONPATH=tests): the run sends itself `signal` after batch `batch` of epoch `epoch`

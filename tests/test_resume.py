@@ -10,21 +10,10 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT, assert_same_run, run_script, tiny_run_args
+from helpers import RESUMABLE, ROOT, assert_same_run, run_script, tiny_run_args
 
 from litforge.errors import UserError
 from litforge.resume import AtomicCheckpointIO, newest_loadable, run_dir
-
-# Dropout and random crops/flips: the resumed run must also restore the random generators.
-RESUMABLE = [
-    "trainer.max_epochs=3",
-    "trainer.deterministic=true",
-    "data.batch_size=10",
-    "data.crop_padding=2",
-    "data.horizontal_flip=true",
-    "model.net.dropout=0.3",
-]
-
 
 def start(data_dir, run, *extra) -> subprocess.Popen:
     return subprocess.Popen(

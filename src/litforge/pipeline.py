@@ -27,7 +27,7 @@ import lightning as L
 import torch
 from hydra.errors import InstantiationException
 from lightning.pytorch.callbacks import LearningRateMonitor
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from litforge import resume
 from litforge.checks import check_config, check_pipeline_split
@@ -139,6 +139,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """Fit, then test the best checkpoint; with `train=false`, test `ckpt_path`. Returns the
     final metrics (`metrics.json`)."""
     start(cfg)
+    if cfg.get("ckpt_path") == "auto":  # before the loggers, which append to a resumed run's logs
+        found = resume.auto_checkpoint(cfg.paths.output_dir)
+        with open_dict(cfg):
+            cfg.ckpt_path = str(found) if found else None
     datamodule = build_datamodule(cfg)
     model = build_model(cfg, datamodule)
     trainer = build_trainer(cfg)

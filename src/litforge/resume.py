@@ -3,8 +3,9 @@
 1. Writing: `AtomicCheckpointIO` (trainer.plugins), `LastCheckpoint` and `ResumeState` (callbacks).
 2. Stopping: `stopped_by_sigterm`, exit status 143.
 3. Finding: `run_dir` (the `${run_dir:...}` resolver of conf/hydra/default.yaml) sends
-   `ckpt_path=last` back into the run it continues, `newest_loadable` picks its checkpoint,
-   `checked_checkpoint` checks that it fits the configured model and data.
+   `ckpt_path=last` (and `auto`) back into the run it continues, `newest_loadable` picks its
+   checkpoint (`auto_checkpoint`: or none, to start fresh), `checked_checkpoint` checks that it
+   fits the configured model and data.
 4. Reading: `read_checkpoint` (a file or a folder of shards, `weights_only=True`), `load_module`.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import socket
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -28,6 +30,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import OmegaConf
 
+from litforge import elastic
 from litforge.errors import UserError, number_problem
 
 log = logging.getLogger(__name__)
@@ -155,48 +158,74 @@ class ResumeState(L.Callback):
 def stopped_by_sigterm(trainer: L.Trainer, what: str) -> Iterator[None]:
     """Lightning stops on SIGTERM by raising SIGTERMException, a SystemExit with status 0 (fixed
     after 2.6.6, Lightning #19916 / PR #21623); exit with 143 (128 + SIGTERM, what schedulers
-    expect of a stopped job) instead, saying so."""
+    expect of a stopped job) instead, saying so. Stopped by SLURM's warning signal
+    (`elastic.SlurmRequeue`): requeue the job once the checkpoint is saved."""
     try:
         yield
     except SIGTERMException:
+        requeue = any(isinstance(cb, elastic.SlurmRequeue) and cb.requested for cb in trainer.callbacks)
         if trainer.is_global_zero:
             saved = [cb for cb in trainer.callbacks if isinstance(cb, LastCheckpoint)]
             where = f"saved to {saved[0].path}" if saved else "not saved"
+            how = "the requeued job resumes from it" if requeue else elastic.how_to_resume()
             log.warning(
-                f"Stopped by SIGTERM while {what} at epoch {trainer.current_epoch}, step "
-                f"{trainer.global_step}; checkpoint {where}. To resume, run the same command "
-                f"with ckpt_path=last."
+                f"Stopped by {'SLURM' if requeue else 'SIGTERM'} while {what} at epoch "
+                f"{trainer.current_epoch}, step {trainer.global_step}; checkpoint {where}: {how}."
             )
+            if requeue:
+                elastic.requeue_job()
         sys.exit(143)
 
 
 # --- 3. finding -------------------------------------------------------------------------------
 
 
-def run_id() -> str:
-    """The name of a new run's folder: the job id when a cluster launcher gives one, else the time.
+def job_id() -> str | None:
+    """The cluster launcher's name for this job: `slurm-<job id>[-<array task>]`,
+    `torchrun-<rendezvous id>`; None when started otherwise.
 
     Every process of a multi-node job computes this for itself; a shared job id puts them all
-    into one folder, where timestamps taken on different machines could differ by a second.
+    into one folder, where timestamps taken on different machines could differ by a second. A
+    restarted or requeued job keeps its id, and so its folder.
     """
-    if os.environ.get("SLURM_JOB_ID"):
+    if elastic.slurm_batch_job() and os.environ.get("SLURM_JOB_ID"):
         array = os.environ.get("SLURM_ARRAY_TASK_ID")
         return f"slurm-{os.environ['SLURM_JOB_ID']}" + (f"-{array}" if array else "")
-    if os.environ.get("TORCHELASTIC_RUN_ID", "none") != "none":
-        return f"torchrun-{os.environ['TORCHELASTIC_RUN_ID']}"
-    return datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    torchrun = os.environ.get("TORCHELASTIC_RUN_ID")
+    if torchrun and torchrun != "none":
+        return f"torchrun-{torchrun}"
+    if torchrun == "none" and elastic.restarting_launcher() == "torchrun":
+        # No --rdzv-id: the restarted workers of one machine still share their agent (parent).
+        if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:
+            raise UserError(
+                "torchrun with --max-restarts on several machines needs --rdzv-id=<job name>: "
+                "it names the run folder that restarted workers go back to."
+            )
+        return f"torchrun-{socket.gethostname()}-{os.getppid()}"
+    return None
+
+
+def run_id() -> str:
+    """The name of a new run's folder: the job id when a cluster launcher gives one, else the time."""
+    return job_id() or datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
 
 
 def run_dir(runs_root: str, ckpt_path: str | None, overrides: Any = None, fits: Any = True) -> str:
     """`${run_dir:<runs root>,${ckpt_path},${hydra.overrides.task},${train}}`: the folder of a
     training run that continues an earlier run of the same command (the same overrides,
-    ckpt_path aside): with `ckpt_path=last` the newest such run that holds a checkpoint, with a
-    checkpoint file of such a run that run. Anything else: a new `<runs_root>/<run id>`."""
+    ckpt_path aside): with `ckpt_path=last` the newest such run that holds a checkpoint; with
+    `auto` the job's own folder under a cluster launcher, else the newest unfinished such run
+    (checkpoints, no metrics.json); with a checkpoint file of such a run that run. Anything else:
+    a new `<runs_root>/<run id>`."""
     root = Path(runs_root)
+    if ckpt_path == "auto" and job_id():
+        return str(root / run_id())
     if fits and ckpt_path and root.is_dir():
         command = _without_ckpt_path(overrides or [])
         runs = [run for run in root.iterdir() if _command(run) == command]
-        if ckpt_path == "last":
+        if ckpt_path == "auto":
+            runs = [run for run in runs if not (run / "metrics.json").exists()]
+        if ckpt_path in ("last", "auto"):
             newest = {
                 r: max((p.stat().st_mtime for p in r.glob("checkpoints/*.ckpt")), default=0)
                 for r in runs
@@ -219,8 +248,9 @@ def _without_ckpt_path(overrides) -> list[str]:
     return [o for o in overrides if not o.startswith("ckpt_path=")]
 
 
-def newest_loadable(checkpoint_dir: Path) -> Path:
-    """The newest checkpoint in `checkpoint_dir` that loads; broken ones are named and skipped."""
+def newest_loadable(checkpoint_dir: Path, required: bool = True) -> Path | None:
+    """The newest checkpoint in `checkpoint_dir` that loads; broken ones are named and skipped.
+    None if there is none and not `required`."""
     candidates = sorted(
         checkpoint_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True
     )
@@ -240,10 +270,22 @@ def newest_loadable(checkpoint_dir: Path) -> Path:
         )
         log.info(f"Resuming from {path} ({where})")
         return path
+    if not required:
+        return None
     raise UserError(
         f"ckpt_path=last: no checkpoint to resume in {checkpoint_dir}. Run the same command "
         f"without ckpt_path to start, or give ckpt_path=<file>."
     )
+
+
+def auto_checkpoint(output_dir: str) -> Path | None:
+    """`ckpt_path=auto`: the newest checkpoint of this run's folder that loads, or None to start
+    fresh; one line says which."""
+    checkpoints = Path(output_dir) / "checkpoints"
+    found = newest_loadable(checkpoints, required=False) if checkpoints.is_dir() else None
+    if found is None:
+        log.info(f"No checkpoint in {checkpoints}, starting fresh")
+    return found
 
 
 def checked_checkpoint(

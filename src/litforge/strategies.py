@@ -5,12 +5,15 @@ How each model is sharded is `litforge.parallelize`; which combinations cannot r
 from __future__ import annotations
 
 import logging
+import re
 import signal
 from typing import Any
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy as _LightningDDPStrategy
 from lightning.pytorch.strategies import ModelParallelStrategy as _LightningModelParallelStrategy
+
+from litforge import elastic
 
 log = logging.getLogger(__name__)
 
@@ -36,15 +39,43 @@ class ReportsLostProcesses:
                 how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
                 self.lost_process = (
                     f"the process of rank {rank} (pid {process.pid}) died ({how}), so the "
-                    f"job stopped. Its own output above says why; resume with ckpt_path=last."
+                    f"job stopped. Its own output above says why; {elastic.how_to_resume()}."
                 )
                 return
         if _is_communication_error(exception):
             self.lost_process = (
                 f"rank {self.global_rank} lost contact with the other processes of the job "
-                f"({str(exception).splitlines()[0][:200]}); one of them stopped or died. "
-                f"Resume with ckpt_path=last."
+                f"({_what_failed(exception)}); one of them stopped or died: "
+                f"{elastic.how_to_resume()}."
             )
+
+
+class SurvivesRestarts:
+    """Under torchrun, the process group meets in `elastic.restart_safe_store`: the workers
+    torchrun restarts after a failure find each other, not the addresses of the dead ones.
+    (`_init_dist_connection` in Lightning's setup then finds the group made and keeps it.)"""
+
+    def _init_restart_safe_process_group(self) -> None:
+        self.set_world_ranks()
+        store = elastic.restart_safe_store(self.global_rank, self.world_size, self._timeout)
+        if store is None or torch.distributed.is_initialized():
+            return
+        device = self.root_device
+        torch.distributed.init_process_group(
+            self._get_process_group_backend(),
+            rank=self.global_rank,
+            world_size=self.world_size,
+            timeout=self._timeout,
+            store=store,
+            device_id=device if device.type != "cpu" else None,
+        )
+
+
+def _what_failed(exception: BaseException) -> str:
+    """The gist of a communication error: its first sentence, without gloo's source location."""
+    text = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", str(exception)).strip()
+    first = re.split(r"(?<=[a-z])\. ", text.splitlines()[0] if text else type(exception).__name__)[0]
+    return first[:200]
 
 
 def _is_communication_error(exception: BaseException) -> bool:
@@ -54,12 +85,16 @@ def _is_communication_error(exception: BaseException) -> bool:
     )
 
 
-class DDPStrategy(ReportsLostProcesses, _LightningDDPStrategy):
+class DDPStrategy(ReportsLostProcesses, SurvivesRestarts, _LightningDDPStrategy):
     """Lightning's DDP, with its communication hook attached on every device.
 
     Lightning (2.6.6) registers `ddp_comm_hook` (gradient compression: fp16, bf16, PowerSGD) only
     when training on CUDA and silently drops it otherwise; torch runs these hooks on gloo too.
     """
+
+    def setup_distributed(self) -> None:
+        self._init_restart_safe_process_group()
+        super().setup_distributed()
 
     def _register_ddp_hooks(self) -> None:
         if self._ddp_comm_hook is None:
@@ -76,7 +111,7 @@ class DDPStrategy(ReportsLostProcesses, _LightningDDPStrategy):
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")  # torch.distributed.pipelining's
 
 
-class ModelParallelStrategy(ReportsLostProcesses, _LightningModelParallelStrategy):
+class ModelParallelStrategy(ReportsLostProcesses, SurvivesRestarts, _LightningModelParallelStrategy):
     """Lightning's ModelParallelStrategy, with pipeline parallelism as a third mesh dimension.
 
     The device mesh is `pipeline_parallel` × `data_parallel` × `tensor_parallel` (Lightning's is
@@ -99,6 +134,10 @@ class ModelParallelStrategy(ReportsLostProcesses, _LightningModelParallelStrateg
         self.pipeline_parallel_size = pipeline_parallel_size
         self.microbatches = microbatches or 2 * pipeline_parallel_size
         self.schedule = schedule
+
+    def _setup_distributed(self) -> None:
+        self._init_restart_safe_process_group()
+        super()._setup_distributed()
 
     def setup_environment(self) -> None:
         self._data_parallel_size, self._tensor_parallel_size = mesh_sizes(

@@ -1,0 +1,290 @@
+"""Jobs a launcher restarts (litforge.elastic): torchrun after a killed or hung worker, SLURM after
+a requeue or a lost node. Each restart resumes from the last checkpoint by itself (`ckpt_path`
+defaults to `auto` there) and ends where an uninterrupted run ends."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import (
+    RESUMABLE,
+    ROOT,
+    assert_same_run,
+    compose_config,
+    free_port,
+    run_script,
+    tiny_run_args,
+    write_idx_dataset,
+)
+
+from litforge import elastic
+from litforge.errors import UserError
+from litforge.resume import run_dir
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    data = tmp_path_factory.mktemp("data")
+    write_idx_dataset(data / "mnist", gz=True)
+    return data
+
+
+# --- torchrun ---------------------------------------------------------------------------------
+
+
+def torchrun(logs: Path, *extra: str, fault: signal.Signals | None = None, data_dir: Path):
+    """`torchrun --nproc-per-node=2 --max-restarts=1 train.py ...` (c10d rendezvous, as on a
+    cluster); with `fault`, the worker of rank 1 gets that signal after the first checkpoint.
+    Returns the exit status, the output, and the run folder."""
+    port = free_port()
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+        "--max-restarts=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=job7", "train.py",
+        *tiny_run_args(data_dir, None, *RESUMABLE, "strategy=ddp", "trainer.devices=2",
+                       f"paths.log_dir={logs}", *extra),
+    ]  # fmt: skip
+    agent = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # one process group: all of it can be stopped on a timeout
+    )
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in agent.stdout:
+            lines.append(line)
+            if fault and "last.ckpt (epoch 0," in line and "FAULT" not in lines:
+                os.kill(worker_pid(agent.pid, local_rank=1), fault)
+                lines.append("FAULT")
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        agent.wait(timeout=300)
+    finally:
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+            os.killpg(agent.pid, signal.SIGCONT)
+        reader.join()
+    return agent.returncode, "".join(lines), logs / "train" / "runs" / "torchrun-job7"
+
+
+def worker_pid(agent: int, local_rank: int) -> int:
+    for child in Path(f"/proc/{agent}/task/{agent}/children").read_text().split():
+        if f"LOCAL_RANK={local_rank}".encode() in Path(f"/proc/{child}/environ").read_bytes():
+            return int(child)
+    raise AssertionError(f"torchrun has no worker of local rank {local_rank}")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_torchrun(tmp_path_factory, data_dir) -> Path:
+    status, output, run = torchrun(tmp_path_factory.mktemp("reference"), data_dir=data_dir)
+    assert status == 0, output[-3000:]
+    assert "No checkpoint in" in output  # ckpt_path=auto, nothing to resume yet
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fault", "timeout", "why"),
+    [
+        (signal.SIGKILL, [], "Connection reset by peer"),
+        # a hung worker: found by the next collective's timeout, then killed by torchrun
+        (signal.SIGSTOP, ["strategy.timeout.minutes=0.25"], "Timed out"),
+    ],
+    ids=["killed", "hung"],
+)
+def test_torchrun_restarts_a_lost_worker_and_the_job_ends_as_if_uninterrupted(
+    tmp_path, data_dir, uninterrupted_torchrun, fault, timeout, why
+):
+    status, output, run = torchrun(tmp_path / "logs", *timeout, fault=fault, data_dir=data_dir)
+    errors = re.findall(r"error: .*", output)  # a progress bar may precede it on its line
+    assert status == 0, "\n".join(errors) + output[-3000:]
+    assert "FAULT" in output
+    assert f"Resuming from {run / 'checkpoints'}/last.ckpt (epoch " in output
+    assert len(errors) == 1, output[-4000:]  # the survivor, in one line; no traceback
+    assert errors[0].startswith("error: rank 0 lost contact with the other processes of the job")
+    assert why in errors[0]
+    assert errors[0].endswith(
+        "torchrun restarts the job (restart 1 of 1), which resumes from its last checkpoint."
+    )
+    assert "Traceback" not in output
+    assert_same_run(run, uninterrupted_torchrun)
+
+
+def test_processes_of_each_start_agree_on_a_name_that_no_earlier_start_used():
+    # torchrun's agent keeps its store across restarts: keys of the first start stay in it.
+    server = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    timeout = timedelta(seconds=20)
+
+    def start(world_size: int, first: int = 0) -> list[str]:
+        agreed = [""] * world_size
+
+        def process(rank: int) -> None:
+            client = torch.distributed.TCPStore(
+                "127.0.0.1", server.port, is_master=False, timeout=timeout
+            )
+            agreed[rank] = elastic._agree_on_round(client, rank, world_size, timeout)
+
+        # rank `first` starts first: rank 0 may see a stale hello before the fresh one
+        order = [first] + [r for r in range(world_size) if r != first]
+        threads = [threading.Thread(target=process, args=(rank,)) for rank in order]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        return agreed
+
+    first = start(3)
+    second = start(3, first=0)
+    third = start(3, first=2)
+    for names in (first, second, third):
+        assert len(set(names)) == 1 and names[0], names
+    assert len({first[0], second[0], third[0]}) == 3
+
+
+# --- where a restarted job goes on ------------------------------------------------------------
+
+SLURM = {
+    "SLURM_NTASKS": "1",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_NODEID": "0",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_JOB_NAME": "litforge",
+    "SLURM_NODELIST": "127.0.0.1",
+    "SLURM_JOB_NUM_NODES": "1",
+}
+LAUNCHER_VARIABLES = [*SLURM, "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_MAX_RESTARTS"]
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """Set the environment a launcher gives its processes."""
+    for name in LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+    def launch(**variables: str) -> None:
+        for name, value in variables.items():
+            monkeypatch.setenv(name, value)
+
+    return launch
+
+
+@pytest.mark.parametrize(
+    ("variables", "default"),
+    [
+        ({}, None),
+        ({"TORCHELASTIC_RUN_ID": "j", "TORCHELASTIC_MAX_RESTARTS": "0"}, None),
+        ({"TORCHELASTIC_RUN_ID": "j", "TORCHELASTIC_MAX_RESTARTS": "3"}, "auto"),
+        ({**SLURM, "SLURM_JOB_ID": "12"}, "auto"),
+        ({**SLURM, "SLURM_JOB_ID": "12", "SLURM_JOB_NAME": "bash"}, None),  # srun --pty bash
+    ],
+    ids=["plain", "torchrun", "torchrun-restarts", "slurm", "slurm-interactive"],
+)
+def test_ckpt_path_is_auto_where_a_launcher_restarts_the_job(
+    tmp_path, launched, variables, default
+):
+    launched(**variables)
+    assert compose_config("train", tmp_path).ckpt_path == default
+
+
+def test_auto_goes_on_in_the_jobs_folder_or_this_commands_unfinished_run(tmp_path, launched):
+    runs = tmp_path / "runs"
+    for name, overrides, finished in [
+        ("a", ["model=cnn"], False),
+        ("b", ["model=cnn"], True),  # newer, but done: metrics.json
+        ("c", ["model=mlp"], False),  # another command
+    ]:
+        (runs / name / "checkpoints").mkdir(parents=True)
+        (runs / name / "checkpoints" / "last.ckpt").write_bytes(b"")
+        (runs / name / ".hydra").mkdir()
+        (runs / name / ".hydra" / "overrides.yaml").write_text(
+            "".join(f"- {o}\n" for o in overrides)
+        )
+        if finished:
+            (runs / name / "metrics.json").write_text("{}")
+    assert run_dir(str(runs), "auto", ["model=cnn"]) == str(runs / "a")
+    fresh = run_dir(str(runs), "auto", ["model=cnn", "seed=3"])
+    assert Path(fresh).parent == runs and Path(fresh).name not in "abc"
+
+    launched(TORCHELASTIC_RUN_ID="job7", TORCHELASTIC_MAX_RESTARTS="1")
+    assert run_dir(str(runs), "auto", ["model=cnn"]) == str(runs / "torchrun-job7")
+
+
+def test_torchrun_restarts_without_a_rendezvous_id(tmp_path, launched):
+    # One machine: the restarted workers share their agent, which names the folder.
+    launched(TORCHELASTIC_RUN_ID="none", TORCHELASTIC_MAX_RESTARTS="1")
+    folder = Path(run_dir(str(tmp_path), "auto", []))
+    assert folder.name.endswith(f"-{os.getppid()}")
+    # Several machines: each has its own agent; only the user can name the job.
+    launched(GROUP_WORLD_SIZE="2")
+    with pytest.raises(UserError, match="needs --rdzv-id=<job name>"):
+        run_dir(str(tmp_path), "auto", [])
+
+
+# --- SLURM ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, data_dir) -> Path:
+    run = tmp_path_factory.mktemp("uninterrupted") / "run"
+    result = run_script("train.py", *tiny_run_args(data_dir, run, *RESUMABLE))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["SIGUSR1", "SIGKILL"])
+def test_a_requeued_slurm_job_resumes_from_its_last_checkpoint(
+    tmp_path, data_dir, uninterrupted, fault
+):
+    # A fake `scontrol` records the requeue; the same job id is started again, as SLURM does.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text('#!/bin/sh\necho "$@" >> "$(dirname "$0")/calls"\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    job = str(uuid.uuid4().int % 10**6)
+    env = {**SLURM, "SLURM_JOB_ID": job, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env["PYTHONPATH"] = str(ROOT / "tests")
+    args = tiny_run_args(data_dir, None, *RESUMABLE, f"paths.log_dir={tmp_path / 'logs'}")
+    fault_args = [
+        "+callbacks.fault._target_=helpers.SendSignal",
+        f"+callbacks.fault.signal={fault}",
+        "+callbacks.fault.epoch=1",
+        "+callbacks.fault.batch=6",
+    ]
+    run = tmp_path / "logs" / "train" / "runs" / f"slurm-{job}"
+
+    first = run_script("train.py", *args, *fault_args, env=env)
+    output = first.stdout + first.stderr
+    assert f"No checkpoint in {run / 'checkpoints'}, starting fresh" in output
+    if fault == "SIGUSR1":  # the time-limit warning: save mid-epoch, requeue, stop
+        assert first.returncode == 143, output[-3000:]
+        assert "Stopped by SLURM while training at epoch 1, step 57" in output
+        assert "the requeued job resumes from it" in output
+        assert (bin_dir / "calls").read_text() == f"requeue {job}\n"
+        resumed_from = "last.ckpt (epoch 1, step 57)"
+    else:  # a lost node: back to the last epoch's checkpoint
+        assert first.returncode == -signal.SIGKILL
+        resumed_from = "last.ckpt (epoch 0, step 50)"
+    assert "Traceback" not in output
+
+    again = run_script("train.py", *args, env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"Resuming from {run / 'checkpoints'}/{resumed_from}" in again.stdout + again.stderr
+    assert not list(tmp_path.rglob("hpc_ckpt_*")), "Lightning's own requeue checkpoints"
+    assert_same_run(run, uninterrupted)
