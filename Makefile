@@ -5,7 +5,7 @@ DATASET ?= fashion_mnist
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install data train test test-fast lint bench bench-data bench-inference bench-pipeline clean
+.PHONY: help install data train test test-fast lint bench bench-data bench-inference bench-pipeline bench-recovery clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -43,6 +43,9 @@ bench-inference: data  ## CPU latency/throughput: eager, compiled, pt2, onnxrunt
 
 bench-pipeline: data  ## ms per training step against pipeline stages and microbatches
 	$(PYTHON) benchmarks/pipeline.py
+
+bench-recovery: data  ## torchrun: seconds from a killed or hung worker to the resumed job's first step
+	$(PYTHON) benchmarks/recovery.py
 
 clean:  ## remove run outputs (logs/) and caches; keeps data/
 	rm -rf logs outputs multirun .pytest_cache .ruff_cache

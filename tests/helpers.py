@@ -216,12 +216,18 @@ RESUMABLE = [
 class SendSignal(L.Callback):
     """Fault injection for subprocess tests (`+callbacks.fault._target_=helpers.SendSignal`,
     with PYTHONPATH=tests): the run sends itself `signal` after batch `batch` of epoch `epoch`
-    in `stage` ("train", "validate" or "test"), as a scheduler would at that moment."""
+    in `stage` ("train", "validate" or "test"), as a scheduler would at that moment; with `rank`,
+    only the process of that rank does."""
 
-    def __init__(self, signal: str, epoch: int, batch: int, stage: str = "train") -> None:
+    def __init__(
+        self, signal: str, epoch: int, batch: int, stage: str = "train", rank: int | None = None
+    ) -> None:
         self.signal, self.epoch, self.batch, self.stage = signal, epoch, batch, stage
+        self.rank = rank
 
     def _maybe_send(self, trainer, stage: str, batch_idx: int) -> None:
+        if self.rank is not None and trainer.global_rank != self.rank:
+            return
         if (stage, trainer.current_epoch, batch_idx) == (self.stage, self.epoch, self.batch):
             os.kill(os.getpid(), getattr(signal_module, self.signal))
 

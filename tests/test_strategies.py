@@ -321,5 +321,6 @@ def test_a_dead_rank_stops_the_job_with_its_name(tmp_path, idx_data_dir, strateg
     assert "Traceback" not in text
     assert text.strip().splitlines()[-1] == (
         f"error: the process of rank 1 (pid {rank_1}) died (killed by SIGKILL), so the job "
-        f"stopped. Its own output above says why; resume with ckpt_path=last."
+        f"stopped. Its own output above says why; to resume, run the same command with "
+        f"ckpt_path=last."
     )

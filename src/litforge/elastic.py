@@ -140,7 +140,8 @@ class SlurmRequeue(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         from lightning.fabric.plugins.environments import SLURMEnvironment
 
-        environment = trainer.strategy.cluster_environment
+        # What Lightning's signal handling reads (single-device strategies have none of their own)
+        environment = trainer._accelerator_connector.cluster_environment
         if stage != "fit" or not isinstance(environment, SLURMEnvironment):
             return
         environment.auto_requeue = False  # read when Lightning sets its handlers, after this
