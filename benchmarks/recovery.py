@@ -3,7 +3,7 @@ the restarted job, and whether the job then ends where an uninterrupted one does
 
 Workload: `torchrun --nproc-per-node=2 --max-restarts=1 train.py strategy=ddp
 trainer.accelerator=cpu trainer.devices=2 trainer.max_epochs=4 trainer.deterministic=true` on
-Fashion-MNIST (MLP, batch 128, 55k training images per epoch), c10d rendezvous on localhost. After
+Fashion-MNIST (MLP, batch 256, 55k training images per epoch), c10d rendezvous on localhost. After
 the checkpoint of the second epoch (epoch 1), the worker of rank 1 is
 
 - `kill`: killed with SIGKILL (a crash, the out-of-memory killer);
@@ -142,7 +142,9 @@ def main() -> None:
         tmp = args.out or tmp
         if not args.no_reference:
             reference = run(Path(tmp) / "reference", args.epochs, None, args.stop_timeout)
-            print(f"uninterrupted: exit {reference['status']}, test/acc {reference.get('test/acc')}")
+            print(
+                f"uninterrupted: exit {reference['status']}, test/acc {reference.get('test/acc')}"
+            )
         for case in args.cases:
             result = run(Path(tmp) / case, args.epochs, case, args.stop_timeout)
             print(f"{case}: {json.dumps(result)}")

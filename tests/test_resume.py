@@ -3,6 +3,7 @@ with the same weights and metrics as one that was never interrupted."""
 
 import csv
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -13,7 +14,8 @@ import torch
 from helpers import RESUMABLE, ROOT, assert_same_run, run_script, tiny_run_args
 
 from litforge.errors import UserError
-from litforge.resume import AtomicCheckpointIO, newest_loadable, run_dir
+from litforge.resume import AtomicCheckpointIO, auto_checkpoint, newest_loadable, run_dir
+
 
 def start(data_dir, run, *extra) -> subprocess.Popen:
     return subprocess.Popen(
@@ -130,6 +132,14 @@ def test_a_broken_newest_checkpoint_is_skipped_and_named(tmp_path, caplog):
 def test_no_checkpoint_to_resume_is_one_clear_error(tmp_path):
     with pytest.raises(UserError, match="ckpt_path=last: no checkpoint to resume in"):
         newest_loadable(tmp_path / "checkpoints")
+
+
+def test_auto_starts_fresh_without_a_checkpoint_but_testing_needs_one(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    assert auto_checkpoint(str(tmp_path)) is None
+    assert f"No checkpoint in {tmp_path / 'checkpoints'}, starting fresh" in caplog.text
+    with pytest.raises(UserError, match=r"ckpt_path=auto: no checkpoint in .* to test"):
+        auto_checkpoint(str(tmp_path), fitting=False)
 
 
 def test_ckpt_path_last_finds_the_newest_run_of_the_same_command(tmp_path):

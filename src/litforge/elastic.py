@@ -36,7 +36,7 @@ def slurm_batch_job() -> bool:
 
 
 def restarting_launcher() -> str | None:
-    """"torchrun" (with restarts left to it) or "slurm" when the launcher may run this job's
+    """ "torchrun" (with restarts left to it) or "slurm" when the launcher may run this job's
     command again after a failure, else None."""
     if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0:
         return "torchrun"

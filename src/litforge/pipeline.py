@@ -140,7 +140,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     final metrics (`metrics.json`)."""
     start(cfg)
     if cfg.get("ckpt_path") == "auto":  # before the loggers, which append to a resumed run's logs
-        found = resume.auto_checkpoint(cfg.paths.output_dir)
+        found = resume.auto_checkpoint(cfg.paths.output_dir, fitting=cfg.get("train"))
         with open_dict(cfg):
             cfg.ckpt_path = str(found) if found else None
     datamodule = build_datamodule(cfg)

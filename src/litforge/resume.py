@@ -163,7 +163,9 @@ def stopped_by_sigterm(trainer: L.Trainer, what: str) -> Iterator[None]:
     try:
         yield
     except SIGTERMException:
-        requeue = any(isinstance(cb, elastic.SlurmRequeue) and cb.requested for cb in trainer.callbacks)
+        requeue = any(
+            isinstance(cb, elastic.SlurmRequeue) and cb.requested for cb in trainer.callbacks
+        )
         if trainer.is_global_zero:
             saved = [cb for cb in trainer.callbacks if isinstance(cb, LastCheckpoint)]
             where = f"saved to {saved[0].path}" if saved else "not saved"
@@ -206,7 +208,7 @@ def job_id() -> str | None:
 
 
 def run_id() -> str:
-    """The name of a new run's folder: the job id when a cluster launcher gives one, else the time."""
+    """A new run's folder name: the job id when a cluster launcher gives one, else the time."""
     return job_id() or datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
 
 
@@ -278,11 +280,16 @@ def newest_loadable(checkpoint_dir: Path, required: bool = True) -> Path | None:
     )
 
 
-def auto_checkpoint(output_dir: str) -> Path | None:
+def auto_checkpoint(output_dir: str, fitting: bool = True) -> Path | None:
     """`ckpt_path=auto`: the newest checkpoint of this run's folder that loads, or None to start
-    fresh; one line says which."""
+    fresh; one line says which. (Testing only, `fitting` false: a UserError if there is none.)"""
     checkpoints = Path(output_dir) / "checkpoints"
     found = newest_loadable(checkpoints, required=False) if checkpoints.is_dir() else None
+    if found is None and not fitting:
+        raise UserError(
+            f"ckpt_path=auto: no checkpoint in {checkpoints} to test (train=false). Give "
+            f"ckpt_path=<file or folder>."
+        )
     if found is None:
         log.info(f"No checkpoint in {checkpoints}, starting fresh")
     return found

@@ -74,7 +74,9 @@ class SurvivesRestarts:
 def _what_failed(exception: BaseException) -> str:
     """The gist of a communication error: its first sentence, without gloo's source location."""
     text = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", str(exception)).strip()
-    first = re.split(r"(?<=[a-z])\. ", text.splitlines()[0] if text else type(exception).__name__)[0]
+    first = re.split(r"(?<=[a-z])\. ", text.splitlines()[0] if text else type(exception).__name__)[
+        0
+    ]
     return first[:200]
 
 
@@ -111,7 +113,9 @@ class DDPStrategy(ReportsLostProcesses, SurvivesRestarts, _LightningDDPStrategy)
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")  # torch.distributed.pipelining's
 
 
-class ModelParallelStrategy(ReportsLostProcesses, SurvivesRestarts, _LightningModelParallelStrategy):
+class ModelParallelStrategy(
+    ReportsLostProcesses, SurvivesRestarts, _LightningModelParallelStrategy
+):
     """Lightning's ModelParallelStrategy, with pipeline parallelism as a third mesh dimension.
 
     The device mesh is `pipeline_parallel` × `data_parallel` × `tensor_parallel` (Lightning's is
