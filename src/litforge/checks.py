@@ -6,6 +6,9 @@ dataset) is left to them.
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -166,4 +169,25 @@ def check_strategy(cfg: DictConfig) -> None:
         raise UserError(
             f"trainer.devices={devices}, but this machine has {torch.cuda.device_count()} GPU(s). "
             "Use fewer devices, or trainer.accelerator=cpu."
+        )
+
+
+def check_restartable(strategy: Any) -> None:
+    """Under torchrun with restarts, a strategy whose process group meets in a store that outlives
+    the workers (`litforge.strategies.SurvivesRestarts` does not)."""
+    from litforge import elastic
+    from litforge.strategies import SurvivesRestarts
+
+    shared_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if (
+        shared_store
+        and several
+        and elastic.restarting_launcher() == "torchrun"
+        and not isinstance(strategy, SurvivesRestarts)
+    ):
+        raise UserError(
+            f"torchrun --max-restarts with {type(strategy).__name__}: after a restart its workers "
+            f"would look for the dead workers' addresses (pytorch #135712). Use strategy=ddp or "
+            f"strategy=model_parallel, or start torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1."
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
+import signal as _signal
 import subprocess
 import time
 import uuid
@@ -53,6 +53,8 @@ def resume_default() -> str | None:
 def how_to_resume() -> str:
     """How the job goes on after a stop: by itself under a launcher that restarts it."""
     if restarting_launcher() == "torchrun":
+        if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:  # each machine counts its own
+            return "torchrun restarts the job while it has restarts left; it resumes by itself"
         restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
         done = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         if done < restarts:
@@ -112,7 +114,9 @@ def _agree_on_round(store: Any, rank: int, world_size: int, timeout: timedelta) 
             elif store.check([f"hello/{other}"]):
                 store.set(f"answer/{other}/{store.get(f'hello/{other}').decode()}", agreed)
         if time.monotonic() > deadline:
-            raise TimeoutError(f"ranks {sorted(waiting)} did not join within {timeout}")
+            from torch.distributed import DistStoreError
+
+            raise DistStoreError(f"ranks {sorted(waiting)} did not join within {timeout}")
         if waiting:
             time.sleep(0.05)
     return agreed
@@ -133,28 +137,41 @@ class SlurmRequeue(L.Callback):
     """
 
     def __init__(self, signal: str = "SIGUSR1") -> None:
-        self.signal = signal
-        self.requested = False
-        self._trainer: L.Trainer | None = None
+        if signal not in _signal.Signals.__members__:
+            raise ValueError(f"signal={signal} is not a signal name (e.g. SIGUSR1)")
+        self.signal = _signal.Signals[signal]
+        self.requested = False  # agreed by all tasks: stop and requeue
+        self._signalled = False  # this task got the signal
+        self._under_slurm = False
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         from lightning.fabric.plugins.environments import SLURMEnvironment
 
         # What Lightning's signal handling reads (single-device strategies have none of their own)
         environment = trainer._accelerator_connector.cluster_environment
-        if stage != "fit" or not isinstance(environment, SLURMEnvironment):
-            return
-        environment.auto_requeue = False  # read when Lightning sets its handlers, after this
-        self._trainer = trainer
-        signal.signal(getattr(signal, self.signal), self._stop_and_requeue)
+        self._under_slurm = isinstance(environment, SLURMEnvironment)
+        if self._under_slurm:
+            environment.auto_requeue = False  # read when Lightning sets its handlers, after this
 
-    def _stop_and_requeue(self, signum: int, frame: Any) -> None:
-        log.info(f"{signal.Signals(signum).name}: the job's time is nearly up; saving, requeuing")
-        self.requested = True
-        # What Lightning's SIGTERM handler sets: training stops after this batch, on every rank
-        # (rank 0's flag is sent to all at each step). Set here without its handler, which
-        # would also run a collective inside the signal handler.
-        self._trainer._signal_connector.received_sigterm = True
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After Lightning has set its handlers: it puts back the ones before them when done.
+        if self._under_slurm:
+            _signal.signal(self.signal, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        log.info(f"{self.signal.name}: the job's time is nearly up; saving, then requeuing")
+        self._signalled = True
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not self._under_slurm:
+            return
+        # The tasks get the signal at slightly different moments: they agree after each batch,
+        # so that all stop after the same one (a task that stopped alone would leave the others
+        # waiting in their next collective). Then as on SIGTERM: Lightning raises at the end of
+        # this batch, and the checkpoint is saved.
+        if trainer.strategy.reduce_boolean_decision(self._signalled, all=False):
+            self.requested = True
+            trainer._signal_connector.received_sigterm = True
 
 
 def requeue_job() -> None:

@@ -30,7 +30,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from litforge import resume
-from litforge.checks import check_config, check_pipeline_split
+from litforge.checks import check_config, check_pipeline_split, check_restartable
 from litforge.console import print_config, print_metrics
 from litforge.errors import UserError, one_line
 
@@ -147,6 +147,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     model = build_model(cfg, datamodule)
     trainer = build_trainer(cfg)
     check_pipeline_split(model.net, trainer.strategy)
+    check_restartable(trainer.strategy)
     ckpt_path, checkpoint = cfg.get("ckpt_path"), None
     if ckpt_path:
         ckpt_path, checkpoint = resume.checked_checkpoint(

@@ -270,7 +270,7 @@ def newest_loadable(checkpoint_dir: Path, required: bool = True) -> Path | None:
             if checkpoint
             else "shards"
         )
-        log.info(f"Resuming from {path} ({where})")
+        _on_rank_zero(log.info, f"Resuming from {path} ({where})")
         return path
     if not required:
         return None
@@ -291,8 +291,17 @@ def auto_checkpoint(output_dir: str, fitting: bool = True) -> Path | None:
             f"ckpt_path=<file or folder>."
         )
     if found is None:
-        log.info(f"No checkpoint in {checkpoints}, starting fresh")
+        _on_rank_zero(log.info, f"No checkpoint in {checkpoints}, starting fresh")
     return found
+
+
+def _on_rank_zero(say: Any, message: str) -> None:
+    """Said once per job, before the processes know their ranks from the strategy (Lightning
+    reads them from the launcher's environment)."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    if rank_zero_only.rank == 0:
+        say(message)
 
 
 def checked_checkpoint(

@@ -53,18 +53,21 @@ class ReportsLostProcesses:
 class SurvivesRestarts:
     """Under torchrun, the process group meets in `elastic.restart_safe_store`: the workers
     torchrun restarts after a failure find each other, not the addresses of the dead ones.
-    (`_init_dist_connection` in Lightning's setup then finds the group made and keeps it.)"""
+    (Lightning's own setup, which follows, finds the group made and keeps it.)"""
 
     def _init_restart_safe_process_group(self) -> None:
+        from lightning.fabric.utilities.distributed import _init_dist_connection
+
         self.set_world_ranks()
+        if torch.distributed.is_initialized():
+            return
         store = elastic.restart_safe_store(self.global_rank, self.world_size, self._timeout)
-        if store is None or torch.distributed.is_initialized():
+        if store is None:
             return
         device = self.root_device
-        torch.distributed.init_process_group(
+        _init_dist_connection(
+            self.cluster_environment,
             self._get_process_group_backend(),
-            rank=self.global_rank,
-            world_size=self.world_size,
             timeout=self._timeout,
             store=store,
             device_id=device if device.type != "cpu" else None,
