@@ -19,6 +19,7 @@ import gc
 import json
 import logging
 import math
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -122,12 +123,20 @@ def fit(trainer: L.Trainer, model: L.LightningModule, datamodule, ckpt_path=None
         with resume.stopped_by_sigterm(trainer, "training"):
             trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     except Exception as err:
-        lost = getattr(trainer.strategy, "lost_process", None)  # strategies.ReportsLostProcesses
-        if lost:
+        if lost := _lost_process(trainer.strategy, err):
+            # The job is over. torchrun stops the other processes with SIGTERM: here, that would
+            # run Lightning's handler, whose collective fails again, in the middle of this.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             raise UserError(lost) from err
         raise
     finally:
         gc.unfreeze()
+
+
+def _lost_process(strategy: Any, err: Exception) -> str | None:
+    """`strategies.ReportsLostProcesses`' line for `err`, if this strategy is one."""
+    describe = getattr(strategy, "lost_process", None)
+    return describe(err) if describe else None
 
 
 def test(trainer: L.Trainer, model: L.LightningModule, datamodule, ckpt_path=None) -> None:

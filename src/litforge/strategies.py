@@ -22,32 +22,37 @@ class ReportsLostProcesses:
     """When training fails in a multi-process job, say which process was lost rather than
     show the communication error it left behind (gloo: "Connection reset by peer").
 
-    `lost_process` is set in `on_exception`, which Lightning calls before it stops the other
-    processes; `pipeline.fit` turns it into one `error:` line. Processes that hang instead of
-    dying are bounded by the strategy's `timeout`.
+    `lost_process(exception)` is the line: `pipeline.fit` raises it as one `error:` line. (It is
+    worked out when Lightning calls `on_exception`, before it stops the processes this one
+    started.) Processes that hang instead of dying are bounded by the strategy's `timeout`.
     """
 
-    lost_process: str | None = None
+    _lost: str | None = None
 
     def on_exception(self, exception: BaseException) -> None:
         super().on_exception(exception)
+        self._lost = self.lost_process(exception)
+
+    def lost_process(self, exception: BaseException) -> str | None:
+        if self._lost:
+            return self._lost
         children = getattr(self.launcher, "procs", None) or []  # started by this process
         for local_rank, process in enumerate(children, start=1):
             code = process.poll()
             if code:
                 rank = self.node_rank * self.num_processes + local_rank
                 how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
-                self.lost_process = (
+                return (
                     f"the process of rank {rank} (pid {process.pid}) died ({how}), so the "
                     f"job stopped. Its own output above says why; {elastic.how_to_resume()}."
                 )
-                return
-        if _is_communication_error(exception):
-            self.lost_process = (
+        if any(_is_communication_error(e) for e in (exception, exception.__context__) if e):
+            return (
                 f"rank {self.global_rank} lost contact with the other processes of the job "
                 f"({_what_failed(exception)}); one of them stopped or died: "
                 f"{elastic.how_to_resume()}."
             )
+        return None
 
 
 class SurvivesRestarts:
