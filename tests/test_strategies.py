@@ -324,3 +324,20 @@ def test_a_dead_rank_stops_the_job_with_its_name(tmp_path, idx_data_dir, strateg
         f"stopped. Its own output above says why; to resume, run the same command with "
         f"ckpt_path=last."
     )
+
+
+def test_a_lost_peer_is_named_from_the_error_alone():
+    # torchrun's SIGTERM can cut Lightning's own handling of the error short, before the
+    # strategy's on_exception: pipeline.fit asks the strategy about the error itself.
+    from litforge.strategies import DDPStrategy
+
+    gloo = RuntimeError(
+        "[/x/gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:9604: Connection reset by "
+        "peer. This is typically caused by a remote worker hanging."
+    )
+    assert DDPStrategy().lost_process(gloo) == (
+        "rank 0 lost contact with the other processes of the job (Read error "
+        "[127.0.0.1]:9604: Connection reset by peer); one of them stopped or died: to resume, "
+        "run the same command with ckpt_path=last."
+    )
+    assert DDPStrategy().lost_process(ValueError("a bug")) is None
