@@ -19,6 +19,7 @@ from helpers import (
     assert_same_run,
     compose_config,
     free_port,
+    run_script,
     tiny_run_args,
     write_idx_dataset,
 )
@@ -261,6 +262,19 @@ def test_torchrun_restarts_without_a_rendezvous_id(tmp_path, launched):
     launched(GROUP_WORLD_SIZE="2")
     with pytest.raises(UserError, match="needs --rdzv-id=<job name>"):
         run_dir(str(tmp_path), "auto", [])
+
+
+def test_a_job_without_a_name_on_several_machines_is_one_line_from_the_cli(tmp_path):
+    several = {"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_MAX_RESTARTS": "1"}
+    result = run_script(
+        "train.py", f"paths.log_dir={tmp_path}", env={**several, "GROUP_WORLD_SIZE": "2"}
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: torchrun with --max-restarts on several machines needs --rdzv-id=<job name>: "
+        "it names the run folder that restarted workers go back to."
+    )
+    assert not any(tmp_path.iterdir())
 
 
 # --- SLURM ------------------------------------------------------------------------------------

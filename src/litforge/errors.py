@@ -100,7 +100,9 @@ def one_line(err: BaseException) -> str | None:
             message += f"; did you mean {', '.join(near)}?" if near else f"; it takes {accepted}"
         return f"{where}{message} (in {target})"
     if isinstance(err, (HydraException, OmegaConfBaseException)):
-        return str(err).strip().splitlines()[0]
+        # A resolver's UserError reaches here as text only (OmegaConf drops the exception).
+        line = str(err).strip().splitlines()[0]
+        return line.removeprefix(f"{UserError.__name__} raised while resolving interpolation: ")
     return None
 
 
