@@ -178,10 +178,9 @@ def check_restartable(strategy: Any) -> None:
     from litforge import elastic
     from litforge.strategies import SurvivesRestarts
 
-    shared_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     several = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if (
-        shared_store
+        elastic.shared_agent_store()
         and several
         and elastic.restarting_launcher() == "torchrun"
         and not isinstance(strategy, SurvivesRestarts)

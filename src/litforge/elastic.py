@@ -69,6 +69,12 @@ def how_to_resume() -> str:
 # --- 2. torchrun ------------------------------------------------------------------------------
 
 
+def shared_agent_store() -> bool:
+    """Whether torchrun's workers meet in the store its agent serves, which outlives them (not
+    with `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`)."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
 def restart_safe_store(rank: int, world_size: int, timeout: timedelta) -> Any | None:
     """The store for `init_process_group` under torchrun, or None elsewhere.
 
@@ -77,7 +83,7 @@ def restart_safe_store(rank: int, world_size: int, timeout: timedelta) -> Any | 
     a restart would read the addresses the dead workers left there, and fail to connect or hang.
     Here each start of the job agrees on a fresh key prefix first (`_agree_on_round`).
     """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if not shared_agent_store():
         return None
     from torch.distributed import PrefixStore, TCPStore
 
