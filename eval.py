@@ -4,12 +4,13 @@ import hydra
 from omegaconf import DictConfig
 
 from litforge.errors import reported
-from litforge.pipeline import evaluate
 
 
 @hydra.main(config_path="conf", config_name="eval", version_base="1.3")
 @reported  # a mistake in the input: one `error:` line and exit status 1
 def main(cfg: DictConfig) -> None:
+    from litforge.pipeline import evaluate  # after composing: see train.py
+
     evaluate(cfg)
 
 

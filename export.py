@@ -4,12 +4,13 @@ import hydra
 from omegaconf import DictConfig
 
 from litforge.errors import reported
-from litforge.export import export
 
 
 @hydra.main(config_path="conf", config_name="export", version_base="1.3")
 @reported  # a mistake in the input: one `error:` line and exit status 1
 def main(cfg: DictConfig) -> None:
+    from litforge.export import export  # after composing: see train.py
+
     export(cfg)
 
 

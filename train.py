@@ -4,12 +4,15 @@ import hydra
 from omegaconf import DictConfig
 
 from litforge.errors import reported
-from litforge.pipeline import optimized_metric, train
 
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 @reported  # a mistake in the input: one `error:` line and exit status 1
 def main(cfg: DictConfig) -> float | None:
+    # Imported once the config is composed: a mistake in it is reported without waiting for
+    # torch and Lightning to load.
+    from litforge.pipeline import optimized_metric, train
+
     return optimized_metric(cfg, train(cfg))
 
 

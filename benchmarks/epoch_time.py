@@ -1,18 +1,28 @@
 """Seconds per epoch: the template (`Trainer.fit` through litforge's pipeline) against a minimal
 hand-written PyTorch loop, in one process, on the same data tensors, network, batch size, device
-and thread count. Needs Fashion-MNIST (`make data`).
+and thread count; and the fixed cost of a run (start-up and teardown) against a plain script's.
+Needs Fashion-MNIST (`make data`).
 
-    python benchmarks/epoch_time.py                       # MLP and CNN, 3 warm epochs each
-    python benchmarks/epoch_time.py --models mlp --epochs 5 --extras
+    python benchmarks/epoch_time.py                        # every workload, 3 rounds of 3 epochs
+    python benchmarks/epoch_time.py --workloads small-step --extras
 
+Workloads (the network is trained on Fashion-MNIST, Adam-type optimizer, batch norm):
+- `small-step`: MLP 784-64-128-64-10, no dropout, batch 128: 430 cheap steps an epoch, where the
+  framework's cost per step shows most;
+- `default`: what `python train.py` trains (MLP 784-512-256-10, batch 256);
+- `cnn`: `model=cnn` as configured (batch 256, channels-last).
 An epoch is one pass over the 55k training images plus one over the 5k validation images; the
-first (warm-up) epoch is not counted. `--extras` adds a row for `model.compile=true`, and the time
-from `python train.py` to the end of a one-step run. (Loading image files: `data_loading.py`.)
+first (warm-up) epoch is not counted. `--extras` adds `model.compile=true` rows.
+
+The fixed cost: `python train.py` for one training step (default callbacks and logger, no test
+stage), start to exit, against `handwritten_run.py` (import torch, read the files, one step, save),
+each run `--fixed-runs` times, alternating. (Loading image files: `data_loading.py`.)
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import platform
 import statistics
 import subprocess
@@ -108,37 +118,59 @@ def handwritten_epochs(model: str, epochs: int, overrides: list[str]) -> list[fl
     return times[1:]
 
 
-def startup_seconds() -> float:
-    """Wall time of `python train.py` for a one-step run, start to exit."""
+WORKLOADS = {
+    "small-step": (
+        "mlp",
+        ["data.batch_size=128", "model.net.hidden_sizes=[64,128,64]", "model.net.dropout=0"],
+    ),
+    "default": ("mlp", []),
+    "cnn": ("cnn", []),
+}
+
+
+def run_seconds(command: list[str]) -> float:
+    """Wall time of one `python ...` run, start to exit."""
     start = time.perf_counter()
-    subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "trainer.max_steps=1",
-            "trainer.limit_val_batches=0",
-            "test=false",
-            "logger=none",
-            "callbacks=none",
-            "extras.print_config=false",
-            "optimized_metric=null",
-            f"hydra.run.dir={tempfile.mkdtemp()}",
-        ],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
+    subprocess.run([sys.executable, *command], cwd=ROOT, check=True, capture_output=True)
     return time.perf_counter() - start
+
+
+def fixed_costs(runs: int) -> tuple[float, float]:
+    """Median seconds of a one-step run: the plain script's, then `python train.py`'s."""
+    data = fashion_mnist_files()
+    script, template = [], []
+    for _ in range(runs):
+        script.append(run_seconds(["benchmarks/handwritten_run.py", "--steps=1", f"--data={data}"]))
+        with tempfile.TemporaryDirectory() as run_dir:
+            template.append(
+                run_seconds(
+                    [
+                        "train.py",
+                        "trainer.max_steps=1",
+                        "test=false",
+                        "data.download=false",
+                        f"hydra.run.dir={run_dir}",
+                    ]
+                )
+            )
+    return statistics.median(script), statistics.median(template)
+
+
+def fashion_mnist_files() -> Path:
+    with tempfile.TemporaryDirectory() as output_dir:
+        datamodule = build_datamodule(config("mlp", 1, output_dir, []))
+    return datamodule.locate()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["mlp", "cnn"])
+    parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs, after one warm-up")
-    parser.add_argument("--rounds", type=int, default=2, help="alternations of loop and template")
-    parser.add_argument("--extras", action="store_true", help="also compile, start-up")
+    parser.add_argument("--rounds", type=int, default=3, help="alternations of loop and template")
+    parser.add_argument("--fixed-runs", type=int, default=3, help="one-step runs of each; 0: none")
+    parser.add_argument("--extras", action="store_true", help="also model.compile=true")
     parser.add_argument(
-        "overrides", nargs="*", help="config overrides for both, e.g. data.batch_size=256"
+        "overrides", nargs="*", help="config overrides for all, e.g. trainer.precision=bf16-mixed"
     )
     args = parser.parse_args()
 
@@ -146,32 +178,44 @@ def main() -> None:
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
         f"torch {torch.__version__}, lightning {L.__version__}; Fashion-MNIST, "
         f"{args.rounds} x {args.epochs} warm epochs each; "
-        f"overrides: {' '.join(args.overrides) or 'none'}"
+        f"overrides: {' '.join(args.overrides) or 'none'}",
+        flush=True,
     )
     rows = []
-    for model in args.models:
-        runs = [("litforge", args.overrides)]
+    for workload in args.workloads:
+        model, overrides = WORKLOADS[workload]
+        overrides = [*overrides, *args.overrides]
+        runs = [("litforge", overrides)]
         if args.extras:
-            runs += [
-                ("litforge, model.compile=true", [*args.overrides, "model.compile=true"]),
-            ]
+            runs += [("litforge, model.compile=true", [*overrides, "model.compile=true"])]
         # Alternate the loop and the template for `--rounds` rounds and pool each one's epochs:
         # load on a shared machine drifts, and a setup timed in one block would catch one phase.
         epochs: dict[str, list[float]] = {"hand-written loop": []}
         for _ in range(args.rounds):
-            epochs["hand-written loop"] += handwritten_epochs(model, args.epochs, args.overrides)
-            for name, overrides in runs:
-                epochs.setdefault(name, []).extend(template_epochs(model, args.epochs, overrides))
+            epochs["hand-written loop"] += handwritten_epochs(model, args.epochs, overrides)
+            for name, setup in runs:
+                epochs.setdefault(name, []).extend(template_epochs(model, args.epochs, setup))
+        with tempfile.TemporaryDirectory() as output_dir:
+            batch = config(model, 1, output_dir, overrides).data.batch_size
+        steps = math.ceil(55000 / batch)
         floor = statistics.median(epochs["hand-written loop"])
         for name, times in epochs.items():
             seconds = statistics.median(times)
-            rows.append((model, name, seconds, 60000 / seconds, seconds / floor))
+            extra_ms = (seconds - floor) / steps * 1000
+            rows.append((workload, model, name, seconds, seconds / floor, extra_ms))
 
-    print("\n| model | setup | s/epoch | samples/s | vs hand-written |\n|---|---|---|---|---|")
-    for model, name, seconds, rate, ratio in rows:
-        print(f"| {model} | {name} | {seconds:.2f} | {rate:,.0f} | {ratio:.2f} |")
-    if args.extras:
-        print(f"\n`python train.py`, one-step run, start to exit: {startup_seconds():.1f} s")
+    print("\n| workload | model | setup | s/epoch | vs hand-written | ms/step over the loop |")
+    print("|---|---|---|---|---|---|")
+    for workload, model, name, seconds, ratio, extra_ms in rows:
+        extra = f"{extra_ms:+.2f}" if name != "hand-written loop" else ""
+        print(f"| {workload} | {model} | {name} | {seconds:.2f} | {ratio:.2f} | {extra} |")
+    if args.fixed_runs:
+        script, template = fixed_costs(args.fixed_runs)
+        print(f"\n| one-step run, start to exit (median of {args.fixed_runs}) | seconds |")
+        print("|---|---|")
+        print(f"| hand-written script (`benchmarks/handwritten_run.py`) | {script:.2f} |")
+        print(f"| `python train.py trainer.max_steps=1 test=false` | {template:.2f} |")
+        print(f"| fixed cost over the hand-written script | {template - script:.2f} |")
 
 
 if __name__ == "__main__":

@@ -92,6 +92,17 @@ def test_hydra_level_mistakes_are_one_line(tmp_path, override, line):
     assert not any(word in result.stderr for word in ("Traceback", "Error executing", "HYDRA_"))
 
 
+@pytest.mark.parametrize("script", ["train.py", "eval.py", "predict.py", "export.py"])
+def test_a_config_mistake_is_told_before_torch_and_lightning_load(tmp_path, script):
+    # A `lightning` that cannot be imported: the mistake is found and told without it (in a
+    # second, rather than after the several seconds Lightning takes to load).
+    (tmp_path / "lightning").mkdir()
+    (tmp_path / "lightning" / "__init__.py").write_text("raise ImportError('lightning loaded')")
+    result = run_script(script, "nosuch=1", env={"PYTHONPATH": str(tmp_path)}, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("error: nosuch is not a setting of")
+
+
 @pytest.mark.slow
 def test_hydra_full_error_still_shows_the_traceback(tmp_path):
     result = run_script("train.py", "model=resnet", env={"HYDRA_FULL_ERROR": "1"})

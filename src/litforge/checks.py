@@ -104,12 +104,12 @@ def check_pipeline(cfg: DictConfig) -> None:
 
 def check_pipeline_split(net, strategy) -> None:
     """More stages than the network has blocks: one line before the processes start."""
-    from litforge.parallelize import count_blocks
-    from litforge.stages import num_stages
-
     pp = getattr(strategy, "pipeline_parallel_size", 1)
     if pp <= 1:
         return
+    from litforge.parallelize import count_blocks
+    from litforge.stages import num_stages
+
     stages, blocks = num_stages(pp, strategy.schedule), count_blocks(net)
     if stages > blocks:
         raise UserError(

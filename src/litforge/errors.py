@@ -58,7 +58,6 @@ def one_line(err: BaseException) -> str | None:
         MissingConfigException,
         OverrideParseException,
     )
-    from lightning.fabric.utilities.exceptions import MisconfigurationException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
     chain, cause = _causes(err), err.__cause__
@@ -82,6 +81,9 @@ def one_line(err: BaseException) -> str | None:
     if isinstance(err, OverrideParseException):
         return f"{err.override}: not an override Hydra can parse ({str(err).splitlines()[0]})."
     if isinstance(err, InstantiationException):
+        # (Lightning is loaded by then; a config mistake found earlier is told without it.)
+        from lightning.fabric.utilities.exceptions import MisconfigurationException
+
         # `<config key>: <what the constructor said> (<class>)`; None for what looks like a bug
         key = re.search(r"full_key: (\S+)", str(err))
         where = f"{key[1]}: " if key else ""

@@ -15,6 +15,7 @@ How a run flows:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
@@ -28,6 +29,7 @@ import lightning as L
 import torch
 from hydra.errors import InstantiationException
 from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.profilers import PassThroughProfiler
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from litforge import resume
@@ -86,6 +88,17 @@ def _instantiate_entries(group: DictConfig | None, **fill: Any) -> list[Any]:
     return objects
 
 
+class NoProfiler(PassThroughProfiler):
+    """What `trainer.profiler: null` gives: no profiling. Lightning's default for it opens a
+    generator-based context around each of the ~100 hooks and loop stages of a training step
+    (~0.2 ms a step on a CPU); this one hands back one reusable empty context."""
+
+    _nothing = contextlib.nullcontext()
+
+    def profile(self, action_name: str) -> contextlib.nullcontext:
+        return self._nothing
+
+
 def build_trainer(cfg: DictConfig) -> L.Trainer:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     callbacks = _instantiate_entries(cfg.get("callbacks"), run_config=resolved)
@@ -95,7 +108,13 @@ def build_trainer(cfg: DictConfig) -> L.Trainer:
         log.info("logger=none: the learning-rate monitor has nowhere to log, leaving it out.")
         callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
     strategy = instantiate(cfg.strategy) if "_target_" in cfg.strategy else cfg.strategy.name
-    return instantiate(cfg.trainer, strategy=strategy, callbacks=callbacks, logger=loggers or False)
+    return instantiate(
+        cfg.trainer,
+        strategy=strategy,
+        callbacks=callbacks,
+        logger=loggers or False,
+        profiler=cfg.trainer.get("profiler") or NoProfiler(),
+    )
 
 
 def _float_metrics(trainer: L.Trainer) -> dict[str, float]:

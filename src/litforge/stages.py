@@ -3,9 +3,8 @@ network (`litforge.parallelize.split`) run by one of torch.distributed.pipelinin
 
 Each batch is cut into `strategy.microbatches` slices that flow through the stages one after
 another, so that all stages work at once after the first few. The schedule runs the backward
-pass itself, which is why `ClassificationModule` optimizes by hand on this path
-(`automatic_optimization = False`) and automatically on every other. Gradients are averaged over
-the microbatches: a step equals one process accumulating the same microbatches.
+pass itself (in `ClassificationModule.training_step`, in place of `manual_backward`). Gradients
+are averaged over the microbatches: a step equals one process accumulating the same microbatches.
 
 Validation and test run forward only (`schedule.eval`). Only the last stage sees logits and
 losses; the module's metrics and sums count nothing on the other stages, and the reductions

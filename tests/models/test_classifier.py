@@ -1,12 +1,16 @@
-"""`ClassificationModule`: checkpoints independent of how the network ran (eager or compiled)."""
+"""`ClassificationModule`: checkpoints independent of how the network ran (eager or compiled);
+the Trainer's optimization settings under its own optimizer steps."""
 
 import json
 import os
 
+import lightning as L
 import pytest
 import torch
 from helpers import compose_config, predicted_accuracy, run_script, write_idx_dataset
+from torch.utils.data import DataLoader, TensorDataset
 
+from litforge.errors import UserError
 from litforge.models import ClassificationModule
 from litforge.pipeline import evaluate
 
@@ -59,3 +63,111 @@ def test_compiled_run_checkpoint_loads_into_eager_eval(tmp_path):
     # predict.py, export.py and serve.py load it eagerly too
     predicted = predicted_accuracy(best, data_dir / "mnist")
     assert predicted == pytest.approx(trained["test/acc"], abs=1e-6)
+
+
+# The module steps its optimizer itself (training_step); what the Trainer's settings ask for
+# must hold under it: accumulation, clipping, mixed precision, schedulers. Small in-process fits.
+MLP = {"_target_": "litforge.models.mlp.MLP", "hidden_sizes": [16], "batch_norm": False}
+
+
+def fit(batch_size: int, optimizer=OPTIMIZER, scheduler=None, callbacks=(), epochs=1, **trainer):
+    """A 64-sample MLP fit, batches in a fixed order; the trained module and trainer."""
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 1, 4, 4), torch.randint(0, 3, (64,))
+    loader = DataLoader(TensorDataset(x, y), batch_size=batch_size)
+    model = ClassificationModule(MLP, [1, 4, 4], 3, optimizer, scheduler)
+    fitted = L.Trainer(
+        max_epochs=epochs,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=list(callbacks),
+        **trainer,
+    )
+    fitted.fit(model, loader, loader)
+    return model, fitted
+
+
+def test_accumulated_batches_step_as_one_batch_that_many_times_larger():
+    accumulated, trainer = fit(batch_size=8, accumulate_grad_batches=4)
+    whole, _ = fit(batch_size=32)
+    assert trainer.global_step == 2
+    for a, b in zip(accumulated.parameters(), whole.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+    # The last batches of an epoch step too, fewer than accumulate_grad_batches as they are.
+    assert fit(batch_size=8, accumulate_grad_batches=3)[1].global_step == 3
+
+
+class GradientsAfterStep(L.Callback):
+    """The gradients each optimizer step applied (still there at the end of the batch)."""
+
+    def __init__(self) -> None:
+        self.norms, self.largest = [], []
+
+    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+        grads = [p.grad for p in pl_module.parameters()]
+        self.norms.append(float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads]))))
+        self.largest.append(max(float(g.abs().max()) for g in grads))
+
+
+@pytest.mark.parametrize("algorithm", ["norm", "value"])
+def test_gradients_are_clipped(algorithm):
+    unclipped, clipped = GradientsAfterStep(), GradientsAfterStep()
+    fit(batch_size=16, callbacks=[unclipped])
+    fit(
+        batch_size=16,
+        callbacks=[clipped],
+        gradient_clip_val=1e-3,
+        gradient_clip_algorithm=algorithm,
+    )
+    measured = {"norm": clipped.norms, "value": clipped.largest}[algorithm]
+    assert min(unclipped.largest) > 1e-2, "nothing to clip: the test shows nothing"
+    assert max(measured) <= 1e-3 * (1 + 1e-5)
+
+
+def test_bf16_mixed_precision_runs_the_network_in_bfloat16():
+    dtypes = set()
+
+    class Record(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, *args) -> None:
+            pl_module.net.register_forward_hook(lambda m, i, out: dtypes.add(out.dtype))
+
+    model, trainer = fit(batch_size=16, precision="bf16-mixed", callbacks=[Record()])
+    assert dtypes == {torch.bfloat16}
+    assert trainer.global_step == 4 and torch.isfinite(trainer.callback_metrics["train/loss"])
+
+
+def lr(trainer: L.Trainer) -> float:
+    return trainer.optimizers[0].param_groups[0]["lr"]
+
+
+@pytest.mark.parametrize(
+    ("interval", "frequency", "steps"),
+    # 3 epochs of 4 batches; a step frequency counts the batches of an epoch, as in Lightning
+    [("epoch", 1, 3), ("step", 1, 12), ("step", 3, 3)],
+)
+def test_schedulers_step_at_their_interval(interval, frequency, steps):
+    step_lr = {"_target_": "torch.optim.lr_scheduler.StepLR", "_partial_": True}
+    scheduler = {**step_lr, "step_size": 1, "gamma": 0.5, "interval": interval}
+    _, trainer = fit(batch_size=16, scheduler={**scheduler, "frequency": frequency}, epochs=3)
+    assert lr(trainer) == pytest.approx(0.1 * 0.5**steps)
+
+
+def test_reduce_on_plateau_steps_on_its_monitored_metric():
+    scheduler = {
+        "_target_": "torch.optim.lr_scheduler.ReduceLROnPlateau",
+        "_partial_": True,
+        "monitor": "val/loss",
+        "patience": 0,
+        "factor": 0.5,
+        # Never an improvement by this much: each epoch after the first reduces the rate.
+        "threshold": 100.0,
+        "threshold_mode": "abs",
+    }
+    _, trainer = fit(batch_size=16, scheduler=scheduler, epochs=3)
+    assert lr(trainer) == pytest.approx(0.1 * 0.5**2)
+    missing = {**scheduler, "monitor": "val/nothing"}
+    with pytest.raises(UserError, match="monitor=val/nothing was not logged"):
+        fit(batch_size=16, scheduler=missing, epochs=1)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from torch.optim.lr_scheduler import ReduceLROnPlateau
 from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 from torchmetrics.classification import (
     MulticlassAccuracy,
@@ -20,7 +21,7 @@ from torchmetrics.classification import (
 )
 
 from litforge import plots
-from litforge.errors import number_problem
+from litforge.errors import UserError, number_problem
 
 
 def _plain(config: Any) -> Any:
@@ -114,7 +115,9 @@ class ClassificationModule(L.LightningModule):
         self._pipeline = None  # litforge.stages.Pipeline under strategy.pipeline_parallel_size > 1
 
     def configure_model(self) -> None:
-        # Lightning calls this once the strategy is set up, on every run (fit, test, ...).
+        # Lightning calls this once the strategy is set up, on every run (fit, test, ...), and
+        # after it checked the Trainer's settings against the module's: see training_step.
+        self.automatic_optimization = False
         if getattr(self, "_configured", False):
             return
         self._configured = True
@@ -124,6 +127,7 @@ class ClassificationModule(L.LightningModule):
         if self.device_mesh is not None and getattr(strategy, "pipeline_parallel_size", 1) > 1:
             from litforge.stages import Pipeline
 
+            # The schedule runs the forward and backward passes of all microbatches.
             self._pipeline = Pipeline(
                 self.net,
                 self.device_mesh,
@@ -133,8 +137,6 @@ class ClassificationModule(L.LightningModule):
                 strategy.root_device,
                 compile=self.compile_net,
             )
-            # The schedule runs the backward pass: this path steps the optimizer itself.
-            self.automatic_optimization = False
         elif self.device_mesh is not None:  # strategy=model_parallel: FSDP2 / tensor parallel
             from litforge.parallelize import parallelize
 
@@ -150,17 +152,74 @@ class ClassificationModule(L.LightningModule):
         # Validation and test losses stay unweighted: comparable with and without balancing.
         return F.cross_entropy(logits, y, weight=self.class_weights)
 
+    # The optimizer is stepped here rather than by Lightning's automatic optimization, whose
+    # closure and extra hooks cost ~0.6 ms a step: as much as a small network's whole step on
+    # a CPU (benchmarks/epoch_time.py). What the Trainer's settings ask for is kept: gradient
+    # accumulation (`trainer.accumulate_grad_batches`), clipping (`trainer.gradient_clip_val`,
+    # in on_before_optimizer_step), mixed precision (`manual_backward` and the optimizer's
+    # `step` go through Lightning's precision plugin) and the learning-rate schedulers.
+    # Lightning refuses the first two for a module that steps its own optimizer, but checks
+    # that before `configure_model`, where this module switches over.
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int):
-        if self._pipeline is not None:
-            return self._pipelined_training_step(batch)
         x, y = batch
-        logits = self(x)
-        loss = self._training_loss(logits, y)
+        optimizer = self.optimizers()
+        accumulate = self.trainer.accumulate_grad_batches
+        last_batch = batch_idx + 1 == self.trainer.num_training_batches
+        steps = (batch_idx + 1) % accumulate == 0 or last_batch  # as Lightning does
+        if batch_idx % accumulate == 0:
+            optimizer.zero_grad()
+        if self._pipeline is not None:
+            # Forward and backward; logits and loss only on the last stage (rank 0 holds the
+            # first, so no step loss is logged on this path: the epoch's train/loss is).
+            logits, loss, y = self._pipeline.train_step(x, y)
+        else:
+            logits = self(x)
+            loss = self._training_loss(logits, y)
+            if steps:
+                self.manual_backward(loss / accumulate)
+            else:  # gradients still being accumulated: no all-reduce across processes yet
+                with optimizer.toggle_model(sync_grad=False):
+                    self.manual_backward(loss / accumulate)
+            # The per-step loss only on the steps the logger writes anyway.
+            if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
+                self.log("train/loss_step", loss, on_step=True, on_epoch=False, prog_bar=True)
+        if steps:
+            optimizer.step()
+            self._step_schedulers("step", batch_idx + 1)
+        if last_batch:  # before validation and the epoch's checkpoint, as Lightning does
+            self._step_schedulers("epoch", self.current_epoch + 1)
+        if logits is None:  # a value all the same: callbacks compare it across processes
+            return torch.zeros((), device=self.device)
         self._add_to_epoch_sums(logits, loss, y)
-        # The per-step loss only on the steps the logger writes anyway.
-        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
-            self.log("train/loss_step", loss, on_step=True, on_epoch=False, prog_bar=True)
-        return loss
+        return loss.detach()
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        # Lightning calls this hook after mixed precision unscaled the gradients.
+        self.configure_gradient_clipping(
+            optimizer, self.trainer.gradient_clip_val, self.trainer.gradient_clip_algorithm
+        )
+
+    def _step_schedulers(self, interval: str, count: int, on_plateau: bool = False) -> None:
+        """Step the schedulers of this `interval` whose `frequency` divides `count` (the batch
+        of the epoch or the epoch, from 1), as Lightning would. ReduceLROnPlateau steps once an
+        epoch, after validation (`on_plateau`), on the value of `model.scheduler.monitor`."""
+        for config in self.trainer.lr_scheduler_configs:
+            plateau = isinstance(config.scheduler, ReduceLROnPlateau)
+            if plateau != on_plateau or count % config.frequency:
+                continue
+            if not plateau and config.interval != interval:
+                continue
+            value = None
+            if plateau:
+                monitor = self.hparams.scheduler.get("monitor")
+                value = self.trainer.callback_metrics.get(monitor)
+                if value is None:
+                    raise UserError(
+                        f"model.scheduler.monitor={monitor} was not logged by epoch "
+                        f"{self.current_epoch}, and ReduceLROnPlateau steps on it. Logged: "
+                        f"{', '.join(sorted(self.trainer.callback_metrics))}."
+                    )
+            self.lr_scheduler_step(config.scheduler, value)
 
     def _add_to_epoch_sums(self, logits: torch.Tensor, loss: torch.Tensor, y: torch.Tensor):
         # Epoch statistics as running sums: `self.log` costs ~1 ms a call on a CPU, a metric
@@ -170,29 +229,6 @@ class ClassificationModule(L.LightningModule):
             correct = (logits.argmax(dim=1) == y).sum()
             sums = torch.stack([loss.detach() * n, correct, n]).float()
             self._train_sums = sums if self._train_sums is None else self._train_sums + sums
-
-    def _pipelined_training_step(self, batch: tuple[torch.Tensor, torch.Tensor]):
-        """One step of the pipeline schedule (forward and backward over all microbatches), then
-        the optimizer. Only the last stage has logits and a loss; the step loss is not logged on
-        this path (rank 0 holds the first stage), the epoch's `train/loss` is."""
-        x, y = batch
-        optimizer = self.optimizers()
-        optimizer.zero_grad()
-        logits, loss, y = self._pipeline.train_step(x, y)
-        optimizer.step()
-        self._step_schedulers("step", self.trainer.fit_loop.epoch_loop.batch_idx + 1)
-        if logits is None:  # a value all the same: callbacks compare it across processes
-            return torch.zeros((), device=self.device)
-        self._add_to_epoch_sums(logits, loss, y)
-        return loss.detach()
-
-    def _step_schedulers(self, interval: str, count: int) -> None:
-        """What Lightning does for schedulers under automatic optimization (pipeline path):
-        `count` is the batch of the epoch (interval "step") or the epoch, counted from 1.
-        (ReduceLROnPlateau, which needs a monitored metric, is refused on this path.)"""
-        for config in self.trainer.lr_scheduler_configs:
-            if config.interval == interval and count % config.frequency == 0:
-                config.scheduler.step()
 
     def on_train_epoch_start(self) -> None:
         self._train_sums = None
@@ -219,8 +255,7 @@ class ClassificationModule(L.LightningModule):
             self._train_sums = sums.to(self.device) if rank == 0 else torch.zeros_like(sums)
 
     def on_train_epoch_end(self) -> None:
-        if self._pipeline is not None:
-            self._step_schedulers("epoch", self.current_epoch + 1)
+        self._step_schedulers("epoch", self.current_epoch + 1, on_plateau=True)
         # Summed over all processes, then divided: exact under DDP however batches fall. (A
         # copy: the reduction works in place.)
         total = self.trainer.strategy.reduce(self._epoch_sums().clone(), reduce_op="sum")
@@ -274,11 +309,11 @@ class ClassificationModule(L.LightningModule):
         if not self.hparams.scheduler:
             return {"optimizer": optimizer}
         scheduler_cfg = dict(self.hparams.scheduler)
-        # Lightning's scheduler settings ride along in the same config; the rest builds it.
+        # Lightning's scheduler settings ride along in the same config (`monitor`: what a
+        # ReduceLROnPlateau steps on, read by _step_schedulers); the rest builds it.
+        scheduler_cfg.pop("monitor", None)
         lightning_keys = {
-            k: scheduler_cfg.pop(k)
-            for k in ("interval", "frequency", "monitor")
-            if k in scheduler_cfg
+            k: scheduler_cfg.pop(k) for k in ("interval", "frequency") if k in scheduler_cfg
         }
         scheduler = instantiate(scheduler_cfg)(optimizer=optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, **lightning_keys}}
