@@ -32,8 +32,8 @@ test-fast: .installed  ## the tests not marked slow
 lint: .installed  ## ruff and file hygiene through pre-commit
 	pre-commit run --all-files
 
-bench: data  ## seconds per epoch: the template against a hand-written loop (README, Benchmarks)
-	$(PYTHON) benchmarks/epoch_time.py --extras
+bench: data  ## s/epoch on 3 workloads and the fixed cost: the template against plain PyTorch
+	$(PYTHON) benchmarks/epoch_time.py
 
 bench-data: data  ## images per second from files: torchvision vs data=image_folder vs data=streaming
 	$(PYTHON) benchmarks/data_loading.py
