@@ -102,7 +102,9 @@ def uninterrupted_torchrun(tmp_path_factory, data_dir) -> Path:
     [
         (signal.SIGKILL, [], "Connection (reset|closed) by peer"),
         # a hung worker: found by the next collective's timeout, then killed by torchrun
-        (signal.SIGSTOP, ["strategy.timeout.minutes=0.25"], "Timed out"),
+        # (gloo words it "Timed out waiting ..." or, in the backward pass, "Application timeout
+        # caused pair closure")
+        (signal.SIGSTOP, ["strategy.timeout.minutes=0.25"], "Timed out|timeout caused pair"),
     ],
     ids=["killed", "hung"],
 )

@@ -340,4 +340,13 @@ def test_a_lost_peer_is_named_from_the_error_alone():
         "[127.0.0.1]:9604: Connection reset by peer); one of them stopped or died: to resume, "
         "run the same command with ckpt_path=last."
     )
+    hung = RuntimeError("Application timeout caused pair closure")  # gloo, in the backward pass
+    assert (
+        DDPStrategy()
+        .lost_process(hung)
+        .startswith(
+            "rank 0 lost contact with the other processes of the job (Application timeout caused "
+            "pair closure); one of them stopped or died"
+        )
+    )
     assert DDPStrategy().lost_process(ValueError("a bug")) is None

@@ -88,10 +88,15 @@ def _what_failed(exception: BaseException) -> str:
     return first[:200]
 
 
+# What gloo and NCCL say when a peer is gone. "Application timeout caused pair closure": a
+# peer that hangs, seen by a gloo operation waiting in the backward pass (a plain RuntimeError).
+COMMUNICATION_ERRORS = ("gloo", "NCCL", "Connection reset", "Connection closed", "pair closure")
+
+
 def _is_communication_error(exception: BaseException) -> bool:
     text = str(exception)
     return isinstance(exception, torch.distributed.DistError) or any(
-        marker in text for marker in ("gloo", "NCCL", "Connection reset", "Connection closed")
+        marker in text for marker in COMMUNICATION_ERRORS
     )
 
 
