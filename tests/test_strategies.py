@@ -250,6 +250,10 @@ EXPECTED_STRATEGIES = {
         {"_tensor_parallel_size": 1, "_data_parallel_size": "auto"},
     ),
     "fsdp": ("lightning.pytorch.strategies.fsdp.FSDPStrategy", {"sharding": "FULL_SHARD"}),
+    "parameter_server": (
+        "litforge.parameter_server.ParameterServerStrategy",
+        {"num_servers": 1, "mode": "sync", "max_staleness": 0, "push_every": 1},
+    ),
 }
 
 

@@ -165,11 +165,46 @@ def check_strategy(cfg: DictConfig) -> None:
                     "trainer.detect_anomaly=true (set by debug=...) fails under tensor parallelism:"
                     " torch's DTensor cannot run its check. Add trainer.detect_anomaly=false."
                 )
+    if target.endswith("ParameterServerStrategy"):
+        check_parameter_server(cfg)
     if not on_cpu and isinstance(devices, int) and devices > torch.cuda.device_count():
         raise UserError(
             f"trainer.devices={devices}, but this machine has {torch.cuda.device_count()} GPU(s). "
             "Use fewer devices, or trainer.accelerator=cpu."
         )
+
+
+def check_parameter_server(cfg: DictConfig) -> None:
+    """What `strategy=parameter_server` needs (see litforge/parameter_server.py)."""
+    from litforge.parameter_server import MODES
+
+    trainer, strategy = cfg.trainer, cfg.strategy
+    for key, minimum in (("num_servers", 1), ("max_staleness", 0), ("push_every", 1)):
+        value = strategy.get(key)
+        if problem := number_problem(f"strategy.{key}", value, integer=True, minimum=minimum):
+            raise UserError(problem)
+    if strategy.mode not in MODES:
+        raise UserError(f"strategy.mode={strategy.mode} is not one of {', '.join(MODES)}.")
+    if isinstance(trainer.devices, int):
+        processes = trainer.devices * trainer.num_nodes
+        if processes <= strategy.num_servers:
+            raise UserError(
+                f"strategy=parameter_server with strategy.num_servers={strategy.num_servers} "
+                f"needs more processes than servers: trainer.devices x trainer.num_nodes is "
+                f"{processes}. Set trainer.devices={strategy.num_servers + 2} (2 workers), say."
+            )
+    unsupported = {
+        # a worker could clip only its own gradients, not what the servers apply
+        "trainer.gradient_clip_val": trainer.get("gradient_clip_val"),
+        # the loss scaler would step a local optimizer, which the servers replace
+        "trainer.precision=16-mixed": str(trainer.precision) == "16-mixed",
+    }
+    for setting, used in unsupported.items():
+        if used:
+            raise UserError(
+                f"{setting} is not supported with strategy=parameter_server (the servers step "
+                f"the optimizer). Remove it, or use strategy=ddp."
+            )
 
 
 def check_restartable(strategy: Any) -> None:

@@ -43,8 +43,9 @@ class ReportsLostProcesses:
                 rank = self.node_rank * self.num_processes + local_rank
                 how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
                 return (
-                    f"the process of rank {rank} (pid {process.pid}) died ({how}), so the "
-                    f"job stopped. Its own output above says why; {elastic.how_to_resume()}."
+                    f"the process of {self.process_name(rank)} (pid {process.pid}) died ({how}), "
+                    f"so the job stopped. Its own output above says why; "
+                    f"{elastic.how_to_resume()}."
                 )
         if any(_is_communication_error(e) for e in (exception, exception.__context__) if e):
             return (
@@ -53,6 +54,29 @@ class ReportsLostProcesses:
                 f"{elastic.how_to_resume()}."
             )
         return None
+
+    def process_name(self, rank: int) -> str:
+        return f"rank {rank}"
+
+
+class SharesRankZeroBuffers:
+    """Every process validates and tests with rank 0's buffers (batch norm statistics), as a
+    resumed run does with the checkpoint's. DDP would broadcast them before each forward pass,
+    but Lightning turns that off around every step of a module that steps its own optimizer
+    (and a parameter server has no DDP wrapper at all): done once here instead."""
+
+    def on_validation_start(self) -> None:
+        super().on_validation_start()
+        self._share_rank_zero_buffers()
+
+    def on_test_start(self) -> None:
+        super().on_test_start()
+        self._share_rank_zero_buffers()
+
+    def _share_rank_zero_buffers(self) -> None:
+        if self.world_size > 1:
+            for buffer in self.lightning_module.buffers():
+                torch.distributed.broadcast(buffer, src=0)
 
 
 class SurvivesRestarts:
@@ -100,7 +124,9 @@ def _is_communication_error(exception: BaseException) -> bool:
     )
 
 
-class DDPStrategy(ReportsLostProcesses, SurvivesRestarts, _LightningDDPStrategy):
+class DDPStrategy(
+    ReportsLostProcesses, SharesRankZeroBuffers, SurvivesRestarts, _LightningDDPStrategy
+):
     """Lightning's DDP, with its communication hook attached on every device.
 
     Lightning (2.6.6) registers `ddp_comm_hook` (gradient compression: fp16, bf16, PowerSGD) only

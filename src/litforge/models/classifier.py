@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 from torchmetrics.classification import (
@@ -283,21 +282,6 @@ class ClassificationModule(L.LightningModule):
         loss.reset()
         self.log_dict(values, prog_bar=True)
         return values
-
-    def _share_rank_zero_buffers(self) -> None:
-        """DDP gives every process rank 0's buffers (batch norm statistics) before each forward,
-        but not when the module steps its own optimizer: Lightning then turns DDP's sync off
-        around every training step. Done here before evaluating instead, so that all processes
-        evaluate as rank 0 would, and a resumed run as the run it continues."""
-        if isinstance(self.trainer.strategy.model, DistributedDataParallel):
-            for buffer in self.net.buffers():
-                torch.distributed.broadcast(buffer, src=0)
-
-    def on_validation_epoch_start(self) -> None:
-        self._share_rank_zero_buffers()
-
-    def on_test_epoch_start(self) -> None:
-        self._share_rank_zero_buffers()
 
     def validation_step(self, batch, batch_idx: int) -> None:
         self._evaluate(batch, self.val_metrics, self.val_loss)

@@ -1,0 +1,497 @@
+"""`strategy=parameter_server`: server processes hold the parameters and the optimizer state;
+worker processes compute gradients on their shard of the data, push them to the servers and pull
+fresh parameters back.
+
+- `mode=sync`: a server steps once every worker has pushed, on the mean of their gradients: the
+  same steps as DDP on the same global batch, with the reduction on the servers.
+- `mode=async`: a server steps on each push as it arrives, and a worker pulls only when its
+  parameters are more than `max_staleness` server steps old: fast workers do not wait for slow
+  ones between steps.
+
+The last `num_servers` processes of the job are the servers; the others are the workers, and
+they are all Lightning sees: they form the job's process group as under DDP (validation, test,
+logging and checkpoints work as there), without DDP's gradient all-reduce, and their optimizer's
+`step` pushes and pulls instead. The parameters are split across the servers by size. Servers
+and workers talk point to point in a second gloo group, over flat CPU buffers: one message per
+push, one per pull. (torch.distributed.rpc would do too, but it is in maintenance mode, its
+shutdown waits on every worker, so one dead worker hangs it, and each call pickles its
+arguments; gloo's send and recv move a tensor as it is and fail at once when the peer dies.)
+
+A checkpoint holds the servers' parameters and optimizer state in the single-device format, so
+`eval.py`, `predict.py` and `export.py` read it as any other, and `ckpt_path=last` resumes.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import sys
+import threading
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch.strategies import DDPStrategy as _LightningDDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from litforge.strategies import ReportsLostProcesses, SharesRankZeroBuffers
+
+log = logging.getLogger(__name__)
+
+MODES = ("sync", "async")
+# Message kinds (a worker's header: kind, its parameters' version, payload bytes) and replies.
+PUSH, PULL, STATE, INIT, DONE = 1, 2, 3, 4, 5
+OK, STOP = 0, 1
+GROUP_PREFIX = "litforge/parameter_server"
+
+
+def split_by_size(numels: list[int], num_servers: int) -> list[list[int]]:
+    """Parameter indices for each server: the largest first, each to the least loaded server."""
+    shards: list[list[int]] = [[] for _ in range(num_servers)]
+    loads = [0] * num_servers
+    for index in sorted(range(len(numels)), key=lambda i: -numels[i]):
+        server = loads.index(min(loads))
+        shards[server].append(index)
+        loads[server] += numels[index]
+    return [sorted(shard) for shard in shards]
+
+
+def _to_bytes(obj: Any) -> torch.Tensor:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def _from_bytes(data: torch.Tensor) -> Any:
+    # From this job's own processes: an optimizer class travels in it, so not weights_only.
+    return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=False)
+
+
+def _header(*values: int) -> torch.Tensor:
+    header = torch.zeros(4, dtype=torch.int64)
+    header[: len(values)] = torch.tensor(values, dtype=torch.int64)
+    return header
+
+
+class _Channel:
+    """Point-to-point messages in the gloo group of workers and servers."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+
+    def send(self, peer: int, *tensors: torch.Tensor) -> None:
+        for tensor in tensors:
+            self.group.send([tensor.contiguous()], peer, 0).wait()
+
+    def recv(self, peer: int, tensor: torch.Tensor) -> torch.Tensor:
+        self.group.recv([tensor], peer, 0).wait()
+        return tensor
+
+
+def connect(rank: int, size: int, timeout: timedelta) -> dist.ProcessGroup:
+    """The group of all of the job's processes (workers first, then servers), met in the store of
+    the workers' own group (MASTER_ADDR:MASTER_PORT, which the launcher set)."""
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timeout,
+    )
+    return dist.ProcessGroupGloo(dist.PrefixStore(GROUP_PREFIX, store), rank, size, timeout)
+
+
+class Server:
+    """One server: its shard of the parameters, their optimizer, and a thread per worker that
+    answers that worker's messages. `run()` returns once every worker is done (0), or after a
+    worker was lost in sync mode (1), when the others are told to stop."""
+
+    def __init__(self, channel: _Channel, index: int, workers: list[int], mode: str, staleness: int):
+        self.channel, self.index, self.workers = channel, index, workers
+        self.mode, self.max_staleness = mode, staleness
+        self.live = set(workers)
+        self.version = 0
+        self.failure: str | None = None
+        self.changed = threading.Condition()
+        self.ready = threading.Event()
+        self.arrived, self.grad_sum = 0, None
+
+    def run(self) -> int:
+        threads = [
+            threading.Thread(target=self._serve_or_exit, args=(w,), daemon=True)
+            for w in self.workers
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return 1 if self.failure else 0
+
+    # -- state ------------------------------------------------------------------------------
+
+    def _init(self, blob: dict) -> None:
+        """From worker 0 at the start of training: this shard's parameters (and optimizer state,
+        when resuming), and how to build the optimizer."""
+        params = blob["params"]
+        self.flat = torch.cat([p.reshape(-1) for p in params])
+        self.numels = [p.numel() for p in params]
+        views = self.flat.split(self.numels)
+        self.params = [v.view_as(p) for v, p in zip(views, params)]
+        # One optimizer group per worker group that has parameters here, in the same order.
+        self.group_of = blob["group_of"]  # the worker's group index of each parameter
+        groups, self.group_index = [], []
+        for g, hyper in enumerate(blob["groups"]):
+            members = [p for p, of in zip(self.params, self.group_of) if of == g]
+            if members:
+                groups.append({**hyper, "params": members})
+                self.group_index.append(g)
+        # Every group carries all its settings; `lr` only because some optimizers require it.
+        self.optimizer = blob["optimizer"](groups, lr=groups[0]["lr"])
+        for param, state in zip(self.params, blob["state"]):
+            if state:
+                self.optimizer.state[param] = state
+        self.version = blob["version"]
+        self.ready.set()
+
+    def _step(self, grads: torch.Tensor, lrs: torch.Tensor) -> None:
+        for param, grad in zip(self.params, grads.split(self.numels)):
+            param.grad = grad.view_as(param)
+        for group, g in zip(self.optimizer.param_groups, self.group_index):
+            group["lr"] = lrs[g].item()  # the workers' schedulers set it
+        self.optimizer.step()
+        self.version += 1
+
+    def _state(self) -> dict:
+        state = [self.optimizer.state.get(p, {}) for p in self.params]
+        return {"params": [p.clone() for p in self.params], "state": state, "version": self.version}
+
+    # -- messages ---------------------------------------------------------------------------
+
+    def _serve_or_exit(self, worker: int) -> None:
+        try:
+            self._serve(worker)
+        except Exception:  # a bug, not a lost worker: no server may go on half-working
+            log.exception("parameter server %d failed", self.index)
+            logging.shutdown()
+            os._exit(1)
+
+    def _serve(self, worker: int) -> None:
+        header = torch.zeros(4, dtype=torch.int64)
+        while True:
+            try:
+                kind, version, nbytes, _ = self.channel.recv(worker, header).tolist()
+                if kind == DONE:
+                    with self.changed:
+                        self.live.discard(worker)
+                        self.changed.notify_all()
+                    return
+                if kind == INIT:
+                    data = self.channel.recv(worker, torch.empty(nbytes, dtype=torch.uint8))
+                    self._init(_from_bytes(data))
+                    continue
+                self.ready.wait()
+                if kind == PULL:
+                    with self.changed:
+                        reply = _header(OK, self.version, 1), self.flat.clone()
+                    self.channel.send(worker, *reply)
+                elif kind == STATE:
+                    with self.changed:
+                        data = _to_bytes(self._state())
+                    self.channel.send(worker, _header(OK, self.version, data.numel()), data)
+                elif kind == PUSH:
+                    lrs = self.channel.recv(worker, torch.empty(nbytes, dtype=torch.float64))
+                    grads = self.channel.recv(worker, torch.empty_like(self.flat))
+                    self.channel.send(worker, *self._push(grads, lrs, version))
+            except RuntimeError as err:  # the worker's process died or stopped answering
+                self._lost(worker, err)
+                return
+
+    def _push(self, grads: torch.Tensor, lrs: torch.Tensor, version: int) -> tuple:
+        with self.changed:
+            if self.mode == "async":
+                self._step(grads, lrs)
+                if self.version - version <= self.max_staleness:
+                    return (_header(OK, self.version, 0),)
+                return _header(OK, self.version, 1), self.flat.clone()
+            # sync: the last worker of the round steps on the mean; the others wait for it
+            target = self.version + 1
+            self.grad_sum = grads if self.arrived == 0 else self.grad_sum.add_(grads)
+            self.arrived += 1
+            if self.failure is None and self.arrived == len(self.live):
+                self._step(self.grad_sum.div_(self.arrived), lrs)
+                self.arrived = 0
+                self.changed.notify_all()
+            while self.version < target and self.failure is None:
+                self.changed.wait()
+            if self.failure is not None:
+                return (_header(STOP, self.version, 0),)
+            return _header(OK, self.version, 1), self.flat.clone()
+
+    def _lost(self, worker: int, err: RuntimeError) -> None:
+        with self.changed:
+            if worker not in self.live or self.failure is not None:
+                return
+            self.live.discard(worker)
+            if self.mode == "sync":
+                self.failure = f"worker rank {worker} was lost"
+                log.error(
+                    "parameter server %d: worker rank %d was lost (%s); synchronous training "
+                    "cannot go on without it, so the job stops.",
+                    self.index,
+                    worker,
+                    str(err).splitlines()[0][:200],
+                )
+            else:
+                log.warning(
+                    "parameter server %d: worker rank %d was lost; asynchronous training goes on "
+                    "with worker rank(s) %s.",
+                    self.index,
+                    worker,
+                    ", ".join(map(str, sorted(self.live))) or "none",
+                )
+            self.changed.notify_all()
+
+
+class ServerClient:
+    """A worker's side: pushes its gradients to each server's shard and pulls parameters back."""
+
+    def __init__(self, channel: _Channel, servers: list[int], params: list[torch.Tensor], mode: str):
+        self.channel, self.servers, self.mode = channel, servers, mode
+        self.params = params
+        dtypes = {p.dtype for p in params}
+        if len(dtypes) != 1:
+            raise RuntimeError(f"strategy=parameter_server needs one parameter dtype, not {dtypes}")
+        self.shards = split_by_size([p.numel() for p in params], len(servers))
+        self.versions = [0] * len(servers)
+        self.pushes = 0
+        self.accumulated: list[torch.Tensor] | None = None
+
+    def _flat(self, shard: list[int], grads: bool) -> torch.Tensor:
+        parts = []
+        for i in shard:
+            p = self.params[i]
+            value = p.grad if grads else p
+            parts.append(torch.zeros_like(p).reshape(-1) if value is None else value.reshape(-1))
+        return torch.cat(parts).detach().cpu()
+
+    def _assign(self, shard: list[int], flat: torch.Tensor) -> None:
+        with torch.no_grad():
+            for i, value in zip(shard, flat.split([self.params[i].numel() for i in shard])):
+                self.params[i].copy_(value.view_as(self.params[i]))
+
+    def init_servers(self, optimizer: torch.optim.Optimizer, version: int) -> None:
+        """Worker 0: hand each server its parameters, their optimizer state, the optimizer."""
+        group_of = {}
+        for g, group in enumerate(optimizer.param_groups):
+            for p in group["params"]:
+                group_of[id(p)] = g
+        hyper = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        for server, shard in zip(self.servers, self.shards):
+            params = [self.params[i].detach().cpu().clone() for i in shard]
+            blob = {
+                "optimizer": type(optimizer),
+                "groups": hyper,
+                "group_of": [group_of[id(self.params[i])] for i in shard],
+                "params": params,
+                "state": [_cpu(optimizer.state.get(self.params[i], {})) for i in shard],
+                "version": version,
+            }
+            data = _to_bytes(blob)
+            self.channel.send(server, _header(INIT, 0, data.numel()), data)
+        optimizer.state.clear()  # the servers' now; a worker never steps it
+
+    def pull(self) -> None:
+        for s, (server, shard) in enumerate(zip(self.servers, self.shards)):
+            self.channel.send(server, _header(PULL, self.versions[s], 0))
+        for s, (server, shard) in enumerate(zip(self.servers, self.shards)):
+            self.versions[s] = self._reply(server, shard)
+
+    def _reply(self, server: int, shard: list[int]) -> int:
+        header = self.channel.recv(server, torch.zeros(4, dtype=torch.int64))
+        status, version, has_params, _ = header.tolist()
+        if status == STOP:
+            raise RuntimeError(
+                f"the parameter server (rank {server}) stopped synchronous training: a worker "
+                "was lost (the server's log names it)"
+            )
+        if has_params:
+            numel = sum(self.params[i].numel() for i in shard)
+            flat = torch.empty(numel, dtype=self.params[shard[0]].dtype)
+            self._assign(shard, self.channel.recv(server, flat))
+        return version
+
+    def push(self, lrs: list[float], every: int) -> None:
+        """Add this step's gradients; every `every` steps send their mean, take the reply."""
+        grads = [self._flat(shard, grads=True) for shard in self.shards]
+        if self.accumulated is None:
+            self.accumulated = grads
+        else:
+            for total, grad in zip(self.accumulated, grads):
+                total.add_(grad)
+        self.pushes += 1
+        if self.pushes % every:
+            return
+        lr_tensor = torch.tensor(lrs, dtype=torch.float64)
+        for s, (server, total) in enumerate(zip(self.servers, self.accumulated)):
+            header = _header(PUSH, self.versions[s], lr_tensor.numel())
+            self.channel.send(server, header, lr_tensor, total.div_(every))
+        for s, (server, shard) in enumerate(zip(self.servers, self.shards)):
+            self.versions[s] = self._reply(server, shard)
+        self.accumulated = None
+
+    def state(self) -> tuple[list[torch.Tensor], dict[int, dict]]:
+        """The servers' parameters (copied into this worker's) and optimizer state, by index."""
+        optimizer_state: dict[int, dict] = {}
+        for s, (server, shard) in enumerate(zip(self.servers, self.shards)):
+            self.channel.send(server, _header(STATE, self.versions[s], 0))
+            header = self.channel.recv(server, torch.zeros(4, dtype=torch.int64))
+            status, version, nbytes, _ = header.tolist()
+            blob = _from_bytes(self.channel.recv(server, torch.empty(nbytes, dtype=torch.uint8)))
+            with torch.no_grad():
+                for i, value in zip(shard, blob["params"]):
+                    self.params[i].copy_(value)
+            for i, state in zip(shard, blob["state"]):
+                if state:
+                    optimizer_state[i] = state
+            self.versions[s] = version
+        return optimizer_state
+
+    def done(self) -> None:
+        for server in self.servers:
+            self.channel.send(server, _header(DONE))
+
+
+def _cpu(state: dict) -> dict:
+    return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+
+class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _LightningDDPStrategy):
+    """Lightning's DDP launcher and process group for the workers; servers instead of DDP's
+    all-reduce (see the module's docstring). `trainer.devices × trainer.num_nodes` processes:
+    the last `num_servers` serve, the rest train."""
+
+    def __init__(
+        self,
+        num_servers: int = 1,
+        mode: str = "sync",
+        max_staleness: int = 0,
+        push_every: int = 1,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.num_servers, self.mode = num_servers, mode
+        self.max_staleness, self.push_every = max_staleness, push_every
+        self.client: ServerClient | None = None
+        self._channel: _Channel | None = None
+        self._server_state: dict[int, dict] | None = None
+
+    @property
+    def job_size(self) -> int:
+        return self.num_nodes * self.num_processes
+
+    @property
+    def num_workers(self) -> int:
+        return self.job_size - self.num_servers
+
+    def set_world_ranks(self) -> None:
+        # Lightning's world is the workers: ranks 0..num_workers-1 of the job.
+        self.job_rank = self.node_rank * self.num_processes + self.local_rank
+        if self.cluster_environment is not None:
+            self.cluster_environment.set_global_rank(self.job_rank)
+            self.cluster_environment.set_world_size(self.num_workers)
+        rank_zero_only.rank = self.global_rank
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int]:
+        return {"num_replicas": self.num_workers, "rank": self.global_rank}
+
+    def process_name(self, rank: int) -> str:
+        if rank >= self.num_workers:
+            return f"parameter server {rank - self.num_workers} (rank {rank})"
+        return f"worker rank {rank}"
+
+    def setup_distributed(self) -> None:
+        self.set_world_ranks()
+        if self.job_rank >= self.num_workers:
+            self._serve_and_exit()
+        super().setup_distributed()
+        if self._channel is None:  # once per process (Lightning sets up for each stage)
+            self._channel = _Channel(connect(self.job_rank, self.job_size, self._timeout))
+            self._servers = list(range(self.num_workers, self.job_size))
+
+    def _serve_and_exit(self) -> None:
+        """A server process never returns to Lightning: it serves until the workers are done,
+        then exits with the status the job should see."""
+        index = self.job_rank - self.num_workers
+        channel = _Channel(connect(self.job_rank, self.job_size, self._timeout))
+        workers = list(range(self.num_workers))
+        log.info(
+            "parameter server %d (rank %d): %s mode for worker rank(s) %s",
+            index,
+            self.job_rank,
+            self.mode,
+            ", ".join(map(str, workers)),
+        )
+        status = Server(channel, index, workers, self.mode, self.max_staleness).run()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+    def configure_ddp(self) -> None:
+        pass  # no DDP wrapper and no all-reduce: the servers reduce the gradients
+
+    def setup(self, trainer) -> None:
+        super().setup(trainer)
+        if trainer.state.fn != TrainerFn.FITTING:
+            return
+        if len(self.optimizers) != 1:
+            raise RuntimeError(
+                f"strategy=parameter_server serves one optimizer; the module has "
+                f"{len(self.optimizers)}."
+            )
+        optimizer = self.optimizers[0]
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.client = ServerClient(self._channel, self._servers, params, self.mode)
+        optimizer.step = self._step_on_servers(optimizer)  # this instance's step only
+
+    def _step_on_servers(self, optimizer: torch.optim.Optimizer):
+        def step(closure=None):
+            loss = closure() if closure is not None else None  # backward, clipping hooks
+            self.client.push([g["lr"] for g in optimizer.param_groups], self.push_every)
+            return loss
+
+        return step
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        if self.client is None:
+            return
+        if self.global_rank == 0:
+            # The module's weights and optimizer state as Lightning set them up, or restored
+            # them from `ckpt_path`: the servers start from these.
+            self.client.init_servers(self.optimizers[0], self.lightning_module.global_step)
+        self.client.pull()
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        if self.client is not None and self.global_rank == 0:
+            self._server_state = self.client.state()  # and the servers' parameters, copied in
+        return super().lightning_module_state_dict()
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        state = optimizer.state_dict()
+        if self._server_state is not None:  # the single-device format, from the servers
+            state["state"] = self._server_state
+            self._server_state = None
+        return state
+
+    def teardown(self) -> None:
+        if self.client is not None:
+            try:
+                self.client.done()
+            except RuntimeError:
+                pass  # a server already gone: the error that stopped training says why
+            self.client = None
+        super().teardown()

@@ -1,0 +1,188 @@
+"""`strategy=parameter_server`: servers hold the parameters and the optimizer state, workers push
+gradients and pull parameters (litforge/parameter_server.py). Multi-process runs are `train.py`
+subprocesses with a timeout and their own port."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import (
+    NO_FASHION_MNIST,
+    ROOT,
+    compose_config,
+    fashion_mnist_dir,
+    free_port,
+    run_script,
+    tiny_run_args,
+)
+
+from litforge.checks import check_strategy
+from litforge.errors import UserError
+from litforge.parameter_server import split_by_size
+
+
+def test_parameters_are_split_across_servers_by_size():
+    numels = [100, 5, 60, 40, 3, 1]
+    shards = split_by_size(numels, 2)
+    assert sorted(i for shard in shards for i in shard) == list(range(6))  # each on one server
+    assert sorted(sum(numels[i] for i in shard) for shard in shards) == [104, 105]  # the largest first, each to the lighter
+    assert split_by_size(numels, 1) == [list(range(6))]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.devices=1"], "needs more processes than servers: trainer.devices x"),
+        (["trainer.devices=3", "strategy.num_servers=3"], "strategy.num_servers=3 needs more"),
+        (["trainer.devices=3", "strategy.mode=hogwild"], "strategy.mode=hogwild is not one of"),
+        (["trainer.devices=3", "strategy.max_staleness=-1"], "strategy.max_staleness"),
+        (["trainer.devices=3", "strategy.push_every=0"], "strategy.push_every"),
+        (["trainer.devices=3", "trainer.gradient_clip_val=1"], "trainer.gradient_clip_val is not"),
+        (["trainer.devices=3", "trainer.precision=16-mixed"], "16-mixed is not supported"),
+    ],
+)
+def test_settings_that_cannot_work_are_refused_before_launch(tmp_path, overrides, message):
+    cfg = compose_config(
+        "train", tmp_path, ["strategy=parameter_server", "trainer.accelerator=cpu", *overrides]
+    )
+    with pytest.raises(UserError, match=message):
+        check_strategy(cfg)
+
+
+def ps_env() -> dict[str, str]:
+    return {"MASTER_PORT": str(free_port())}
+
+
+def final_state(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+
+
+@pytest.mark.slow
+def test_sync_steps_equal_ddp_and_its_checkpoint_resumes_and_evaluates(tmp_path, idx_data_dir):
+    # Same seed and global batch (2 workers x 32 against 2 DDP processes x 32), no batch norm or
+    # dropout (their per-process statistics differ by design), SGD with momentum (optimizer
+    # state the servers hold): after 2 epochs of 4 steps the weights and the momentum match.
+    # The parameter-server job stops after the first epoch and resumes from its checkpoint, and
+    # its parameters are split over two servers.
+    common = [
+        "model.net.batch_norm=false",
+        "model.net.dropout=0",
+        "model.scheduler=null",  # a cosine schedule would follow each run's max_epochs
+        "model.optimizer._target_=torch.optim.SGD",
+        "~model.optimizer.weight_decay",
+        "+model.optimizer.momentum=0.9",
+        "model.optimizer.lr=0.05",
+        "trainer.limit_train_batches=4",
+        "trainer.deterministic=true",
+        "trainer.limit_val_batches=1",
+        "data.batch_size=32",
+        "test=false",
+    ]
+    ddp_dir, ps_dir = tmp_path / "ddp", tmp_path / "ps"
+    ddp = ["strategy=ddp", "trainer.devices=2", "trainer.max_epochs=2"]
+    result = run_script("train.py", *tiny_run_args(idx_data_dir, ddp_dir, *common, *ddp), env=ps_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    ps = ["strategy=parameter_server", "trainer.devices=4", "strategy.num_servers=2"]
+    for epochs, resume in (("1", []), ("2", ["ckpt_path=last"])):
+        args = tiny_run_args(idx_data_dir, ps_dir, *common, *ps, f"trainer.max_epochs={epochs}")
+        result = run_script("train.py", *args, *resume, env=ps_env())
+        assert result.returncode == 0, result.stderr[-3000:]
+    expected, got = final_state(ddp_dir), final_state(ps_dir)
+    assert got["global_step"] == expected["global_step"] == 8
+    for key, value in expected["state_dict"].items():
+        torch.testing.assert_close(got["state_dict"][key], value, rtol=1e-5, atol=1e-6, msg=key)
+    # The optimizer state in the single-device format: one entry per parameter, by index.
+    momentum = [s["momentum_buffer"] for s in got["optimizer_states"][0]["state"].values()]
+    reference = [s["momentum_buffer"] for s in expected["optimizer_states"][0]["state"].values()]
+    parameters = [k for k in expected["state_dict"] if k.startswith("net.")]
+    assert len(momentum) == len(reference) == len(parameters)
+    for value, wanted in zip(momentum, reference):
+        torch.testing.assert_close(value, wanted, rtol=1e-5, atol=1e-6)
+    evaluated = run_script(
+        "eval.py",
+        f"ckpt_path={ps_dir / 'checkpoints' / 'last.ckpt'}",
+        "data=mnist",
+        f"paths.data_dir={idx_data_dir}",
+        f"hydra.run.dir={tmp_path / 'eval'}",
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["test/acc"] > 0.5
+
+
+@pytest.mark.skipif(fashion_mnist_dir() is None, reason=NO_FASHION_MNIST)
+@pytest.mark.slow
+def test_async_mlp_reaches_85_percent_on_fashion_mnist(tmp_path):
+    # Two epochs: what one process (tests/data/test_fashion_mnist.py) and DDP need for it.
+    run_dir = tmp_path / "run"
+    args = [
+        "strategy=parameter_server",
+        "strategy.mode=async",
+        "strategy.max_staleness=2",
+        "trainer.devices=3",
+        "trainer.accelerator=cpu",
+        "trainer.max_epochs=2",
+        "data.download=false",
+        f"paths.data_dir={ROOT / 'data'}",
+        "callbacks.rich_progress_bar=null",
+        "extras.print_config=false",
+        f"hydra.run.dir={run_dir}",
+    ]
+    result = run_script("train.py", *args, env=ps_env(), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((run_dir / "metrics.json").read_text())["test/acc"] >= 0.85
+
+
+def children_by_local_rank(pid: int) -> dict[int, int]:
+    """The processes Lightning started for the job, by their LOCAL_RANK."""
+    ranks = {}
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        local = next(v for v in environ if v.startswith(b"LOCAL_RANK="))
+        ranks[int(local.split(b"=")[1])] = int(child)
+    return ranks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("rank", "name"),
+    [(1, "worker rank 1"), (2, "parameter server 0 (rank 2)")],
+    ids=["worker", "server"],
+)
+def test_a_lost_process_stops_a_sync_job_with_its_name(tmp_path, idx_data_dir, rank, name):
+    args = tiny_run_args(
+        idx_data_dir,
+        tmp_path / "run",
+        "strategy=parameter_server",
+        "trainer.devices=3",
+        "trainer.max_epochs=100",  # far from done when the process dies
+        "data.batch_size=10",
+    )
+    process = subprocess.Popen(
+        [sys.executable, "train.py", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **ps_env()},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output = []
+    for line in process.stdout:
+        output.append(line)
+        if "last.ckpt (epoch 0," in line:  # all are training
+            victim = children_by_local_rank(process.pid)[rank]
+            os.kill(victim, signal.SIGKILL)
+            break
+    rest, _ = process.communicate(timeout=120)  # bounded: no hang until a timeout
+    text = "".join(output) + rest
+    assert process.returncode == 1, text[-3000:]
+    assert "Traceback" not in text
+    assert text.strip().splitlines()[-1] == (
+        f"error: the process of {name} (pid {victim}) died (killed by SIGKILL), so the job "
+        f"stopped. Its own output above says why; to resume, run the same command with "
+        f"ckpt_path=last."
+    )
