@@ -117,6 +117,7 @@ class Server:
         self.changed = threading.Condition()
         self.ready = threading.Event()
         self.arrived, self.grad_sum = 0, None
+        self.pushes = 0  # taken from all workers together: async epochs end on this count
 
     def run(self) -> int:
         threads = [
@@ -194,7 +195,7 @@ class Server:
                 self.ready.wait()
                 if kind == PULL:
                     with self.changed:
-                        reply = _header(OK, self.version, 1), self.flat.clone()
+                        reply = _header(OK, self.version, 1, self.pushes), self.flat.clone()
                     self.channel.send(worker, *reply)
                 elif kind == STATE:
                     with self.changed:
@@ -210,11 +211,12 @@ class Server:
 
     def _push(self, grads: torch.Tensor, lrs: torch.Tensor, version: int) -> tuple:
         with self.changed:
+            self.pushes += 1
             if self.mode == "async":
                 self._step(grads, lrs)
                 if self.version - version <= self.max_staleness:
-                    return (_header(OK, self.version, 0),)
-                return _header(OK, self.version, 1), self.flat.clone()
+                    return (_header(OK, self.version, 0, self.pushes),)
+                return _header(OK, self.version, 1, self.pushes), self.flat.clone()
             # sync: the last worker of the round steps on the mean; the others wait for it
             target = self.version + 1
             self.grad_sum = grads if self.arrived == 0 else self.grad_sum.add_(grads)
@@ -227,7 +229,7 @@ class Server:
                 self.changed.wait()
             if self.failure is not None:
                 return (_header(STOP, self.version, 0),)
-            return _header(OK, self.version, 1), self.flat.clone()
+            return _header(OK, self.version, 1, self.pushes), self.flat.clone()
 
     def _lost(self, worker: int, err: RuntimeError) -> None:
         with self.changed:
@@ -265,7 +267,8 @@ class ServerClient:
             raise RuntimeError(f"strategy=parameter_server needs one parameter dtype, not {dtypes}")
         self.shards = split_by_size([p.numel() for p in params], len(servers))
         self.versions = [0] * len(servers)
-        self.pushes = 0
+        self.pushes = 0  # this worker's steps, counted towards `every`
+        self.job_pushes = 0  # all workers' pushes, as the first server counted them
         self.accumulated: list[torch.Tensor] | None = None
 
     def _flat(self, shard: list[int], grads: bool) -> torch.Tensor:
@@ -305,12 +308,16 @@ class ServerClient:
     def pull(self) -> None:
         for s, (server, shard) in enumerate(zip(self.servers, self.shards)):
             self.channel.send(server, _header(PULL, self.versions[s], 0))
-        for s, (server, shard) in enumerate(zip(self.servers, self.shards)):
-            self.versions[s] = self._reply(server, shard)
+        for s in range(len(self.servers)):
+            self._reply(s)
 
-    def _reply(self, server: int, shard: list[int]) -> int:
+    def _reply(self, s: int) -> None:
+        """A server's answer: its parameters (and their version) when it sent them."""
+        server, shard = self.servers[s], self.shards[s]
         header = self.channel.recv(server, torch.zeros(4, dtype=torch.int64))
-        status, version, has_params, _ = header.tolist()
+        status, version, has_params, pushes = header.tolist()
+        if s == 0:
+            self.job_pushes = pushes
         if status == STOP:
             raise RuntimeError(
                 f"the parameter server (rank {server}) stopped synchronous training: a worker "
@@ -320,7 +327,7 @@ class ServerClient:
             numel = sum(self.params[i].numel() for i in shard)
             flat = torch.empty(numel, dtype=self.params[shard[0]].dtype)
             self._assign(shard, self.channel.recv(server, flat))
-        return version
+            self.versions[s] = version  # what this worker's parameters now are
 
     def push(self, lrs: list[float], every: int) -> None:
         """Add this step's gradients; every `every` steps send their mean, take the reply."""
@@ -337,8 +344,8 @@ class ServerClient:
         for s, (server, total) in enumerate(zip(self.servers, self.accumulated)):
             header = _header(PUSH, self.versions[s], lr_tensor.numel())
             self.channel.send(server, header, lr_tensor, total.div_(every))
-        for s, (server, shard) in enumerate(zip(self.servers, self.shards)):
-            self.versions[s] = self._reply(server, shard)
+        for s in range(len(self.servers)):
+            self._reply(s)
         self.accumulated = None
 
     def state(self) -> tuple[list[torch.Tensor], dict[int, dict]]:
@@ -361,6 +368,39 @@ class ServerClient:
     def done(self) -> None:
         for server in self.servers:
             self.channel.send(server, _header(DONE))
+
+
+class JobEpoch:
+    """Async mode's training batches of a worker: its own shard, gone round again if need be,
+    until the servers have taken one epoch's pushes from all workers together. A fast worker
+    thus trains on more batches and a slow one on fewer, and no worker waits for the others
+    until the epoch ends (validation, checkpoints). It has no length, so Lightning looks one
+    batch ahead to see the epoch's last one. Everything else is the loader's."""
+
+    def __init__(self, loader: Any, strategy: ParameterServerStrategy, pushes: int) -> None:
+        self.loader, self.strategy, self.pushes_per_epoch = loader, strategy, pushes
+        self.target: int | None = None
+
+    def __getattr__(self, name: str) -> Any:  # sampler, state_dict, ...: the loader's
+        return getattr(self.loader, name)
+
+    def __iter__(self):
+        client = self.strategy.client
+        start = client.job_pushes if self.target is None else self.target
+        self.target = start + self.pushes_per_epoch
+        self.strategy.stepping_alone = True
+        try:
+            while True:
+                handed_out = 0
+                for batch in self.loader:
+                    if client.job_pushes >= self.target:
+                        return
+                    handed_out += 1
+                    yield batch
+                if handed_out == 0:
+                    return
+        finally:  # the workers meet again from their last batch of the epoch on
+            self.strategy.stepping_alone = False
 
 
 def _cpu(state: dict) -> dict:
@@ -386,6 +426,23 @@ class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _Ligh
         self.client: ServerClient | None = None
         self._channel: _Channel | None = None
         self._server_state: dict[int, dict] | None = None
+
+    # Async mode: between an epoch's first batch and validation, Lightning sees one process.
+    # Its SIGTERM broadcast before every batch (and the NaN check's reduction after it) would
+    # make each step wait for the slowest worker, and hang when their step counts differ.
+    stepping_alone = False
+
+    @property
+    def world_size(self) -> int:
+        return 1 if self.stepping_alone else super().world_size
+
+    def on_validation_start(self) -> None:
+        self.stepping_alone = False  # all workers meet again here
+        super().on_validation_start()
+
+    def on_train_end(self) -> None:
+        self.stepping_alone = False
+        super().on_train_end()
 
     @property
     def job_size(self) -> int:
@@ -474,6 +531,17 @@ class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _Ligh
             # them from `ckpt_path`: the servers start from these.
             self.client.init_servers(self.optimizers[0], self.lightning_module.global_step)
         self.client.pull()
+
+    def process_dataloader(self, dataloader: Any) -> Any:
+        dataloader = super().process_dataloader(dataloader)
+        trainer = self.lightning_module.trainer
+        if self.mode != "async" or self.client is None or not trainer.training:
+            return dataloader
+        batches = len(dataloader)  # this worker's shard, as far as limit_train_batches goes
+        limit = trainer.limit_train_batches
+        batches = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
+        pushes = batches // trainer.accumulate_grad_batches // self.push_every
+        return JobEpoch(dataloader, self, pushes * self.num_workers) if pushes else dataloader
 
     def lightning_module_state_dict(self) -> dict[str, Any]:
         if self.client is not None and self.global_rank == 0:

@@ -164,7 +164,10 @@ class ClassificationModule(L.LightningModule):
         x, y = batch
         optimizer = self.optimizers()
         accumulate = self.trainer.accumulate_grad_batches
-        last_batch = batch_idx + 1 == self.trainer.num_training_batches
+        # (A loader without a length, e.g. an async parameter server's, ends when it ends.)
+        last_batch = batch_idx + 1 == self.trainer.num_training_batches or (
+            self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        )
         steps = (batch_idx + 1) % accumulate == 0 or last_batch  # as Lightning does
         if batch_idx % accumulate == 0:
             optimizer.zero_grad()
