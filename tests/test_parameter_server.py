@@ -7,6 +7,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -23,15 +25,68 @@ from helpers import (
 
 from litforge.checks import check_strategy
 from litforge.errors import UserError
-from litforge.parameter_server import split_by_size
+from litforge.parameter_server import Server, ServerClient, _Channel, split_by_size
 
 
 def test_parameters_are_split_across_servers_by_size():
     numels = [100, 5, 60, 40, 3, 1]
     shards = split_by_size(numels, 2)
     assert sorted(i for shard in shards for i in shard) == list(range(6))  # each on one server
-    assert sorted(sum(numels[i] for i in shard) for shard in shards) == [104, 105]  # the largest first, each to the lighter
+    assert sorted(sum(numels[i] for i in shard) for shard in shards) == [
+        104,
+        105,
+    ]  # the largest first, each to the lighter
     assert split_by_size(numels, 1) == [list(range(6))]
+
+
+def one_worker_and_a_server(mode: str, max_staleness: int):
+    """A server (rank 1, in a thread) and a worker's client (rank 0) for one parameter that
+    starts at 0, stepped by SGD with lr 1: the server's value after pushes of gradients g is
+    -sum(g)."""
+    store = torch.distributed.HashStore()
+    groups = {}
+
+    def join(rank):
+        groups[rank] = torch.distributed.ProcessGroupGloo(store, rank, 2, timedelta(seconds=30))
+
+    joining = [threading.Thread(target=join, args=(rank,)) for rank in (0, 1)]
+    for thread in joining:
+        thread.start()
+    for thread in joining:
+        thread.join(timeout=30)
+    server = Server(_Channel(groups[1]), 0, [0], mode, max_staleness)
+    serving = threading.Thread(target=server.run, daemon=True)
+    serving.start()
+    param = torch.zeros(1)
+    client = ServerClient(_Channel(groups[0]), [1], [param], mode)
+    client.init_servers(torch.optim.SGD([param], lr=1.0), version=0)
+    client.pull()
+    return client, param, serving
+
+
+def push(client, param, grad: float, every: int = 1) -> float:
+    param.grad = torch.tensor([grad])
+    client.push([1.0], every)
+    return param.item()
+
+
+def test_an_async_worker_gets_parameters_back_once_they_are_too_stale():
+    client, param, serving = one_worker_and_a_server("async", max_staleness=2)
+    # Its own pushes age its parameters by one server step each: fresh ones come back with the
+    # third push, when they would be 3 steps old.
+    seen = [push(client, param, 1.0) for _ in range(6)]
+    assert seen == [0.0, 0.0, -3.0, -3.0, -3.0, -6.0]
+    client.done()
+    serving.join(timeout=30)
+    assert not serving.is_alive()
+
+
+def test_push_every_sends_the_mean_of_that_many_steps():
+    client, param, serving = one_worker_and_a_server("sync", max_staleness=0)
+    seen = [push(client, param, grad, every=2) for grad in (1.0, 3.0, 2.0, 2.0)]
+    assert seen == [0.0, -2.0, -2.0, -4.0]  # one server step per 2 batches, on their mean
+    client.done()
+    serving.join(timeout=30)
 
 
 @pytest.mark.parametrize(
@@ -85,7 +140,9 @@ def test_sync_steps_equal_ddp_and_its_checkpoint_resumes_and_evaluates(tmp_path,
     ]
     ddp_dir, ps_dir = tmp_path / "ddp", tmp_path / "ps"
     ddp = ["strategy=ddp", "trainer.devices=2", "trainer.max_epochs=2"]
-    result = run_script("train.py", *tiny_run_args(idx_data_dir, ddp_dir, *common, *ddp), env=ps_env())
+    result = run_script(
+        "train.py", *tiny_run_args(idx_data_dir, ddp_dir, *common, *ddp), env=ps_env()
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     ps = ["strategy=parameter_server", "trainer.devices=4", "strategy.num_servers=2"]
     for epochs, resume in (("1", []), ("2", ["ckpt_path=last"])):
@@ -101,7 +158,7 @@ def test_sync_steps_equal_ddp_and_its_checkpoint_resumes_and_evaluates(tmp_path,
     reference = [s["momentum_buffer"] for s in expected["optimizer_states"][0]["state"].values()]
     parameters = [k for k in expected["state_dict"] if k.startswith("net.")]
     assert len(momentum) == len(reference) == len(parameters)
-    for value, wanted in zip(momentum, reference):
+    for value, wanted in zip(momentum, reference, strict=True):
         torch.testing.assert_close(value, wanted, rtol=1e-5, atol=1e-6)
     evaluated = run_script(
         "eval.py",
@@ -149,15 +206,21 @@ def children_by_local_rank(pid: int) -> dict[int, int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("rank", "name"),
-    [(1, "worker rank 1"), (2, "parameter server 0 (rank 2)")],
-    ids=["worker", "server"],
+    ("mode", "rank", "name"),
+    [
+        ("sync", 1, "worker rank 1"),
+        ("sync", 2, "parameter server 0 (rank 2)"),
+        # the servers go on without it, the workers to the end of the epoch (see README)
+        ("async", 1, "worker rank 1"),
+    ],
+    ids=["sync-worker", "server", "async-worker"],
 )
-def test_a_lost_process_stops_a_sync_job_with_its_name(tmp_path, idx_data_dir, rank, name):
+def test_a_lost_process_stops_the_job_with_its_name(tmp_path, idx_data_dir, mode, rank, name):
     args = tiny_run_args(
         idx_data_dir,
         tmp_path / "run",
         "strategy=parameter_server",
+        f"strategy.mode={mode}",
         "trainer.devices=3",
         "trainer.max_epochs=100",  # far from done when the process dies
         "data.batch_size=10",
@@ -181,6 +244,8 @@ def test_a_lost_process_stops_a_sync_job_with_its_name(tmp_path, idx_data_dir, r
     text = "".join(output) + rest
     assert process.returncode == 1, text[-3000:]
     assert "Traceback" not in text
+    if mode == "async":
+        assert "asynchronous training goes on with worker rank(s) 0." in text
     assert text.strip().splitlines()[-1] == (
         f"error: the process of {name} (pid {victim}) died (killed by SIGKILL), so the job "
         f"stopped. Its own output above says why; to resume, run the same command with "

@@ -23,6 +23,7 @@ A checkpoint holds the servers' parameters and optimizer state in the single-dev
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -108,7 +109,9 @@ class Server:
     answers that worker's messages. `run()` returns once every worker is done (0), or after a
     worker was lost in sync mode (1), when the others are told to stop."""
 
-    def __init__(self, channel: _Channel, index: int, workers: list[int], mode: str, staleness: int):
+    def __init__(
+        self, channel: _Channel, index: int, workers: list[int], mode: str, staleness: int
+    ):
         self.channel, self.index, self.workers = channel, index, workers
         self.mode, self.max_staleness = mode, staleness
         self.live = set(workers)
@@ -139,27 +142,27 @@ class Server:
         self.flat = torch.cat([p.reshape(-1) for p in params])
         self.numels = [p.numel() for p in params]
         views = self.flat.split(self.numels)
-        self.params = [v.view_as(p) for v, p in zip(views, params)]
+        self.params = [v.view_as(p) for v, p in zip(views, params, strict=True)]
         # One optimizer group per worker group that has parameters here, in the same order.
         self.group_of = blob["group_of"]  # the worker's group index of each parameter
         groups, self.group_index = [], []
         for g, hyper in enumerate(blob["groups"]):
-            members = [p for p, of in zip(self.params, self.group_of) if of == g]
+            members = [p for p, of in zip(self.params, self.group_of, strict=True) if of == g]
             if members:
                 groups.append({**hyper, "params": members})
                 self.group_index.append(g)
         # Every group carries all its settings; `lr` only because some optimizers require it.
         self.optimizer = blob["optimizer"](groups, lr=groups[0]["lr"])
-        for param, state in zip(self.params, blob["state"]):
+        for param, state in zip(self.params, blob["state"], strict=True):
             if state:
                 self.optimizer.state[param] = state
         self.version = blob["version"]
         self.ready.set()
 
     def _step(self, grads: torch.Tensor, lrs: torch.Tensor) -> None:
-        for param, grad in zip(self.params, grads.split(self.numels)):
+        for param, grad in zip(self.params, grads.split(self.numels), strict=True):
             param.grad = grad.view_as(param)
-        for group, g in zip(self.optimizer.param_groups, self.group_index):
+        for group, g in zip(self.optimizer.param_groups, self.group_index, strict=True):
             group["lr"] = lrs[g].item()  # the workers' schedulers set it
         self.optimizer.step()
         self.version += 1
@@ -259,7 +262,9 @@ class Server:
 class ServerClient:
     """A worker's side: pushes its gradients to each server's shard and pulls parameters back."""
 
-    def __init__(self, channel: _Channel, servers: list[int], params: list[torch.Tensor], mode: str):
+    def __init__(
+        self, channel: _Channel, servers: list[int], params: list[torch.Tensor], mode: str
+    ):
         self.channel, self.servers, self.mode = channel, servers, mode
         self.params = params
         dtypes = {p.dtype for p in params}
@@ -271,17 +276,18 @@ class ServerClient:
         self.job_pushes = 0  # all workers' pushes, as the first server counted them
         self.accumulated: list[torch.Tensor] | None = None
 
-    def _flat(self, shard: list[int], grads: bool) -> torch.Tensor:
+    def _gradients(self, shard: list[int]) -> torch.Tensor:
         parts = []
         for i in shard:
-            p = self.params[i]
-            value = p.grad if grads else p
-            parts.append(torch.zeros_like(p).reshape(-1) if value is None else value.reshape(-1))
+            param = self.params[i]
+            grad = param.grad  # None: unused this step, so zeros
+            parts.append(torch.zeros_like(param).reshape(-1) if grad is None else grad.reshape(-1))
         return torch.cat(parts).detach().cpu()
 
     def _assign(self, shard: list[int], flat: torch.Tensor) -> None:
+        values = flat.split([self.params[i].numel() for i in shard])
         with torch.no_grad():
-            for i, value in zip(shard, flat.split([self.params[i].numel() for i in shard])):
+            for i, value in zip(shard, values, strict=True):
                 self.params[i].copy_(value.view_as(self.params[i]))
 
     def init_servers(self, optimizer: torch.optim.Optimizer, version: int) -> None:
@@ -291,7 +297,7 @@ class ServerClient:
             for p in group["params"]:
                 group_of[id(p)] = g
         hyper = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-        for server, shard in zip(self.servers, self.shards):
+        for server, shard in zip(self.servers, self.shards, strict=True):
             params = [self.params[i].detach().cpu().clone() for i in shard]
             blob = {
                 "optimizer": type(optimizer),
@@ -306,7 +312,7 @@ class ServerClient:
         optimizer.state.clear()  # the servers' now; a worker never steps it
 
     def pull(self) -> None:
-        for s, (server, shard) in enumerate(zip(self.servers, self.shards)):
+        for s, server in enumerate(self.servers):
             self.channel.send(server, _header(PULL, self.versions[s], 0))
         for s in range(len(self.servers)):
             self._reply(s)
@@ -331,17 +337,17 @@ class ServerClient:
 
     def push(self, lrs: list[float], every: int) -> None:
         """Add this step's gradients; every `every` steps send their mean, take the reply."""
-        grads = [self._flat(shard, grads=True) for shard in self.shards]
+        grads = [self._gradients(shard) for shard in self.shards]
         if self.accumulated is None:
             self.accumulated = grads
         else:
-            for total, grad in zip(self.accumulated, grads):
+            for total, grad in zip(self.accumulated, grads, strict=True):
                 total.add_(grad)
         self.pushes += 1
         if self.pushes % every:
             return
         lr_tensor = torch.tensor(lrs, dtype=torch.float64)
-        for s, (server, total) in enumerate(zip(self.servers, self.accumulated)):
+        for s, (server, total) in enumerate(zip(self.servers, self.accumulated, strict=True)):
             header = _header(PUSH, self.versions[s], lr_tensor.numel())
             self.channel.send(server, header, lr_tensor, total.div_(every))
         for s in range(len(self.servers)):
@@ -351,15 +357,15 @@ class ServerClient:
     def state(self) -> tuple[list[torch.Tensor], dict[int, dict]]:
         """The servers' parameters (copied into this worker's) and optimizer state, by index."""
         optimizer_state: dict[int, dict] = {}
-        for s, (server, shard) in enumerate(zip(self.servers, self.shards)):
+        for s, (server, shard) in enumerate(zip(self.servers, self.shards, strict=True)):
             self.channel.send(server, _header(STATE, self.versions[s], 0))
             header = self.channel.recv(server, torch.zeros(4, dtype=torch.int64))
             status, version, nbytes, _ = header.tolist()
             blob = _from_bytes(self.channel.recv(server, torch.empty(nbytes, dtype=torch.uint8)))
             with torch.no_grad():
-                for i, value in zip(shard, blob["params"]):
+                for i, value in zip(shard, blob["params"], strict=True):
                     self.params[i].copy_(value)
-            for i, state in zip(shard, blob["state"]):
+            for i, state in zip(shard, blob["state"], strict=True):
                 if state:
                     optimizer_state[i] = state
             self.versions[s] = version
@@ -557,9 +563,7 @@ class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _Ligh
 
     def teardown(self) -> None:
         if self.client is not None:
-            try:
+            with contextlib.suppress(RuntimeError):  # a server gone: the error says why
                 self.client.done()
-            except RuntimeError:
-                pass  # a server already gone: the error that stopped training says why
             self.client = None
         super().teardown()
