@@ -5,7 +5,7 @@ DATASET ?= fashion_mnist
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install data train test test-fast lint bench bench-data bench-inference bench-pipeline bench-recovery clean
+.PHONY: help install data train test test-fast lint bench bench-data bench-inference bench-pipeline bench-ps bench-recovery clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -43,6 +43,9 @@ bench-inference: data  ## CPU latency/throughput: eager, compiled, pt2, onnxrunt
 
 bench-pipeline: data  ## ms per training step against pipeline stages and microbatches
 	$(PYTHON) benchmarks/pipeline.py
+
+bench-ps: data  ## samples/s of DDP and parameter servers (sync, async) with and without a straggler
+	$(PYTHON) benchmarks/parameter_server.py
 
 bench-recovery: data  ## torchrun: seconds from a killed or hung worker to the resumed job's first step
 	$(PYTHON) benchmarks/recovery.py

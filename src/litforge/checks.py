@@ -90,7 +90,7 @@ def check_pipeline(cfg: DictConfig) -> None:
         if used:
             raise UserError(
                 f"{setting} is not supported with strategy.pipeline_parallel_size={pp} (the "
-                f"schedule runs the backward pass, and this path steps the optimizer itself). "
+                f"pipeline schedule runs the forward and backward passes itself). "
                 f"Remove it, or train without the pipeline; strategy.microbatches already "
                 f"accumulates gradients."
             )
