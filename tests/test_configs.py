@@ -56,6 +56,8 @@ def test_option_composes_resolves_and_builds(tmp_path, monkeypatch, own_data, gr
     overrides = [f"{group}={option}"] + (["trainer.accelerator=cpu"] if group == "strategy" else [])
     if group == "data":
         overrides += own_data.get(option, [])
+    if (group, option) == ("strategy", "parameter_server"):
+        overrides += ["trainer.devices=3"]  # a server and 2 workers: 1 process is refused
     cfg = compose_config("train", tmp_path, overrides, keep_hydra=True)
     # Every interpolation has a value, Hydra's run and sweep folders and sweeper included.
     resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))

@@ -205,6 +205,24 @@ def check_parameter_server(cfg: DictConfig) -> None:
                 f"{setting} is not supported with strategy=parameter_server (the servers step "
                 f"the optimizer). Remove it, or use strategy=ddp."
             )
+    if strategy.mode != "async":
+        return
+    limit = trainer.get("limit_train_batches")
+    every_n = OmegaConf.select(cfg, "callbacks.last_checkpoint.every_n_train_steps", default=None)
+    # Async workers run different numbers of batches, with nothing in common between an epoch's
+    # first and last: what acts among them during an epoch would wait or mismatch.
+    during_epoch = {
+        "trainer.max_time": trainer.get("max_time"),
+        "callbacks.last_checkpoint.every_n_train_steps": every_n,
+        "trainer.val_check_interval": trainer.get("val_check_interval") not in (None, 1, 1.0),
+        "a fraction as trainer.limit_train_batches": isinstance(limit, float) and limit < 1,
+    }
+    for setting, used in during_epoch.items():
+        if used:
+            raise UserError(
+                f"{setting} is not supported with strategy.mode=async: it acts during an epoch, "
+                f"when async workers share nothing. Remove it, or use strategy.mode=sync."
+            )
 
 
 def check_restartable(strategy: Any) -> None:

@@ -27,6 +27,7 @@ import contextlib
 import io
 import logging
 import os
+import signal
 import sys
 import threading
 from datetime import timedelta
@@ -37,13 +38,18 @@ import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy as _LightningDDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
 
+from litforge.errors import UserError
 from litforge.strategies import ReportsLostProcesses, SharesRankZeroBuffers
 
 log = logging.getLogger(__name__)
 
 MODES = ("sync", "async")
-# Message kinds (a worker's header: kind, its parameters' version, payload bytes) and replies.
+# Every message starts with a header of 4 integers. A worker's: kind, the version of its
+# parameters, a size (INIT: bytes that follow; PUSH: learning rates that follow, then the
+# gradients). A server's reply: status, its version, whether parameters follow (STATE: bytes),
+# and how many pushes it has taken from all workers.
 PUSH, PULL, STATE, INIT, DONE = 1, 2, 3, 4, 5
 OK, STOP = 0, 1
 GROUP_PREFIX = "litforge/parameter_server"
@@ -77,6 +83,11 @@ def _header(*values: int) -> torch.Tensor:
     return header
 
 
+class PeerLost(dist.DistError):
+    """The process at the other end died, did not answer within the timeout, or (a server's
+    STOP) the job is stopping: reported as a lost process (strategies.ReportsLostProcesses)."""
+
+
 class _Channel:
     """Point-to-point messages in the gloo group of workers and servers."""
 
@@ -84,11 +95,17 @@ class _Channel:
         self.group = group
 
     def send(self, peer: int, *tensors: torch.Tensor) -> None:
-        for tensor in tensors:
-            self.group.send([tensor.contiguous()], peer, 0).wait()
+        try:
+            for tensor in tensors:
+                self.group.send([tensor.contiguous()], peer, 0).wait()
+        except RuntimeError as err:
+            raise PeerLost(str(err)) from err
 
     def recv(self, peer: int, tensor: torch.Tensor) -> torch.Tensor:
-        self.group.recv([tensor], peer, 0).wait()
+        try:
+            self.group.recv([tensor], peer, 0).wait()
+        except RuntimeError as err:
+            raise PeerLost(str(err)) from err
         return tensor
 
 
@@ -186,8 +203,14 @@ class Server:
         while True:
             try:
                 kind, version, nbytes, _ = self.channel.recv(worker, header).tolist()
-                if kind == DONE:
+                if kind == DONE:  # nbytes: 1 when the worker stopped on an error of its own
                     with self.changed:
+                        if nbytes and self.failure is None:  # it says why; the job stops
+                            self.failure = f"worker rank {worker} stopped on an error"
+                            log.info("parameter server %d: %s", self.index, self.failure)
+                            self.ready.set()
+                        elif self.mode == "sync" and self.arrived:  # others wait for its push
+                            self._fail(worker, "finished while the others were still training")
                         self.live.discard(worker)
                         self.changed.notify_all()
                     return
@@ -196,6 +219,9 @@ class Server:
                     self._init(_from_bytes(data))
                     continue
                 self.ready.wait()
+                if self.failure is not None and not hasattr(self, "flat"):  # never initialized
+                    self.channel.send(worker, _header(STOP))
+                    return
                 if kind == PULL:
                     with self.changed:
                         reply = _header(OK, self.version, 1, self.pushes), self.flat.clone()
@@ -208,7 +234,9 @@ class Server:
                     lrs = self.channel.recv(worker, torch.empty(nbytes, dtype=torch.float64))
                     grads = self.channel.recv(worker, torch.empty_like(self.flat))
                     self.channel.send(worker, *self._push(grads, lrs, version))
-            except RuntimeError as err:  # the worker's process died or stopped answering
+                    if self.failure is not None:  # told to stop: nothing more to serve it
+                        return
+            except PeerLost as err:  # the worker's process died or stopped answering
                 self._lost(worker, err)
                 return
 
@@ -224,6 +252,7 @@ class Server:
             target = self.version + 1
             self.grad_sum = grads if self.arrived == 0 else self.grad_sum.add_(grads)
             self.arrived += 1
+            self.changed.notify_all()
             if self.failure is None and self.arrived == len(self.live):
                 self._step(self.grad_sum.div_(self.arrived), lrs)
                 self.arrived = 0
@@ -234,21 +263,29 @@ class Server:
                 return (_header(STOP, self.version, 0),)
             return _header(OK, self.version, 1, self.pushes), self.flat.clone()
 
+    def _fail(self, worker: int, what: str) -> None:
+        """Stop: every waiting and later push is answered STOP (call with `changed` held)."""
+        self.failure = f"worker rank {worker} {what}"
+        log.error(
+            "parameter server %d: worker rank %d %s; %s training cannot go on without it, so "
+            "the job stops.",
+            self.index,
+            worker,
+            what,
+            "synchronous" if self.mode == "sync" else "asynchronous",
+        )
+        self.ready.set()  # threads waiting for worker 0's parameters answer STOP
+        self.changed.notify_all()
+
     def _lost(self, worker: int, err: RuntimeError) -> None:
         with self.changed:
             if worker not in self.live or self.failure is not None:
                 return
             self.live.discard(worker)
-            if self.mode == "sync":
-                self.failure = f"worker rank {worker} was lost"
-                log.error(
-                    "parameter server %d: worker rank %d was lost (%s); synchronous training "
-                    "cannot go on without it, so the job stops.",
-                    self.index,
-                    worker,
-                    str(err).splitlines()[0][:200],
-                )
-            else:
+            reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+            if self.mode == "sync" or not self.ready.is_set():
+                self._fail(worker, f"was lost ({reason})")
+            elif self.live:
                 log.warning(
                     "parameter server %d: worker rank %d was lost; asynchronous training goes on "
                     "with worker rank(s) %s.",
@@ -262,16 +299,19 @@ class Server:
 class ServerClient:
     """A worker's side: pushes its gradients to each server's shard and pulls parameters back."""
 
-    def __init__(
-        self, channel: _Channel, servers: list[int], params: list[torch.Tensor], mode: str
-    ):
-        self.channel, self.servers, self.mode = channel, servers, mode
-        self.params = params
+    def __init__(self, channel: _Channel, servers: list[int], params: list[torch.Tensor]):
+        self.channel, self.servers, self.params = channel, servers, params
         dtypes = {p.dtype for p in params}
         if len(dtypes) != 1:
-            raise RuntimeError(f"strategy=parameter_server needs one parameter dtype, not {dtypes}")
+            raise UserError(f"strategy=parameter_server needs one parameter dtype, not {dtypes}.")
+        if len(params) < len(servers):
+            raise UserError(
+                f"strategy.num_servers={len(servers)} is more than the network's {len(params)} "
+                f"parameter tensors: each server needs one at least. Use fewer servers."
+            )
         self.shards = split_by_size([p.numel() for p in params], len(servers))
         self.versions = [0] * len(servers)
+        self.started = False  # the servers have the parameters
         self.pushes = 0  # this worker's steps, counted towards `every`
         self.job_pushes = 0  # all workers' pushes, as the first server counted them
         self.accumulated: list[torch.Tensor] | None = None
@@ -309,7 +349,6 @@ class ServerClient:
             }
             data = _to_bytes(blob)
             self.channel.send(server, _header(INIT, 0, data.numel()), data)
-        optimizer.state.clear()  # the servers' now; a worker never steps it
 
     def pull(self) -> None:
         for s, server in enumerate(self.servers):
@@ -325,9 +364,9 @@ class ServerClient:
         if s == 0:
             self.job_pushes = pushes
         if status == STOP:
-            raise RuntimeError(
-                f"the parameter server (rank {server}) stopped synchronous training: a worker "
-                "was lost (the server's log names it)"
+            raise PeerLost(
+                f"the parameter server (rank {server}) stopped training: a worker stopped or "
+                "was lost (the server's log says which)"
             )
         if has_params:
             numel = sum(self.params[i].numel() for i in shard)
@@ -369,11 +408,11 @@ class ServerClient:
                 if state:
                     optimizer_state[i] = state
             self.versions[s] = version
-        return optimizer_state
+        return dict(sorted(optimizer_state.items()))  # by index, as optimizer.state_dict()
 
-    def done(self) -> None:
+    def done(self, failed: bool = False) -> None:
         for server in self.servers:
-            self.channel.send(server, _header(DONE))
+            self.channel.send(server, _header(DONE, 0, int(failed)))
 
 
 class JobEpoch:
@@ -385,21 +424,21 @@ class JobEpoch:
 
     def __init__(self, loader: Any, strategy: ParameterServerStrategy, pushes: int) -> None:
         self.loader, self.strategy, self.pushes_per_epoch = loader, strategy, pushes
-        self.target: int | None = None
+        self.epochs = 0  # started in this process; the servers count pushes from 0 too
 
     def __getattr__(self, name: str) -> Any:  # sampler, state_dict, ...: the loader's
         return getattr(self.loader, name)
 
     def __iter__(self):
         client = self.strategy.client
-        start = client.job_pushes if self.target is None else self.target
-        self.target = start + self.pushes_per_epoch
+        self.epochs += 1
+        target = self.epochs * self.pushes_per_epoch
         self.strategy.stepping_alone = True
         try:
             while True:
                 handed_out = 0
                 for batch in self.loader:
-                    if client.job_pushes >= self.target:
+                    if client.job_pushes >= target:
                         return
                     handed_out += 1
                     yield batch
@@ -438,17 +477,33 @@ class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _Ligh
     # make each step wait for the slowest worker, and hang when their step counts differ.
     stepping_alone = False
 
+    # Set here rather than in the cluster environment: SLURM's and torchrun's ignore setters.
+    job_rank = 0
+
     @property
     def world_size(self) -> int:
-        return 1 if self.stepping_alone else super().world_size
+        return 1 if self.stepping_alone else self.num_workers
+
+    @property
+    def global_rank(self) -> int:
+        return self.job_rank
 
     def on_validation_start(self) -> None:
         self.stepping_alone = False  # all workers meet again here
+        self._pull_when_async()
         super().on_validation_start()
 
     def on_train_end(self) -> None:
         self.stepping_alone = False
+        self._pull_when_async()  # for testing the final weights
         super().on_train_end()
+
+    def _pull_when_async(self) -> None:
+        """Async workers evaluate the servers' parameters, not their own older copies: once
+        every worker has pushed its last gradients (the barrier)."""
+        if self.mode == "async" and self.client is not None and self.client.started:
+            self.barrier()
+            self.client.pull()
 
     @property
     def job_size(self) -> int:
@@ -464,7 +519,7 @@ class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _Ligh
         if self.cluster_environment is not None:
             self.cluster_environment.set_global_rank(self.job_rank)
             self.cluster_environment.set_world_size(self.num_workers)
-        rank_zero_only.rank = self.global_rank
+        rank_zero_only.rank = utils_rank_zero_only.rank = self.job_rank
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, int]:
@@ -476,10 +531,30 @@ class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _Ligh
         return f"worker rank {rank}"
 
     def setup_distributed(self) -> None:
+        from lightning.fabric.utilities.distributed import _init_dist_connection
+        from lightning.fabric.utilities.seed import reset_seed
+
         self.set_world_ranks()
+        if self.num_workers < 1:
+            raise UserError(
+                f"strategy=parameter_server with {self.job_size} process(es) and "
+                f"strategy.num_servers={self.num_servers} leaves no worker: set trainer.devices "
+                f"to {self.num_servers + 2} (2 workers), say."
+            )
         if self.job_rank >= self.num_workers:
             self._serve_and_exit()
-        super().setup_distributed()
+        if not dist.is_initialized():  # the workers' own group, ranks and size given
+            reset_seed()  # as Lightning's DDP: every process from the same seed
+            self._process_group_backend = self._get_process_group_backend()
+            device = self.root_device
+            _init_dist_connection(
+                self.cluster_environment,
+                self._process_group_backend,
+                self.job_rank,
+                self.num_workers,
+                timeout=self._timeout,
+                device_id=device if device.type != "cpu" else None,
+            )
         if self._channel is None:  # once per process (Lightning sets up for each stage)
             self._channel = _Channel(connect(self.job_rank, self.job_size, self._timeout))
             self._servers = list(range(self.num_workers, self.job_size))
@@ -487,6 +562,9 @@ class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _Ligh
     def _serve_and_exit(self) -> None:
         """A server process never returns to Lightning: it serves until the workers are done,
         then exits with the status the job should see."""
+        # The job's SIGTERM (a scheduler's notice) is for the workers, which save a checkpoint
+        # from the servers' state: a server ends when its workers are done or gone.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         index = self.job_rank - self.num_workers
         channel = _Channel(connect(self.job_rank, self.job_size, self._timeout))
         workers = list(range(self.num_workers))
@@ -517,15 +595,17 @@ class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _Ligh
             )
         optimizer = self.optimizers[0]
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        self.client = ServerClient(self._channel, self._servers, params, self.mode)
+        self.client = ServerClient(self._channel, self._servers, params)
         optimizer.step = self._step_on_servers(optimizer)  # this instance's step only
 
     def _step_on_servers(self, optimizer: torch.optim.Optimizer):
         def step(closure=None):
             loss = closure() if closure is not None else None  # backward, clipping hooks
             self.client.push([g["lr"] for g in optimizer.param_groups], self.push_every)
+            optimizer._opt_called = True  # what torch's own step tells its schedulers
             return loss
 
+        step._wrapped_by_lr_sched = True  # schedulers check for it (a replaced step: warning)
         return step
 
     def on_train_start(self) -> None:
@@ -536,7 +616,9 @@ class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _Ligh
             # The module's weights and optimizer state as Lightning set them up, or restored
             # them from `ckpt_path`: the servers start from these.
             self.client.init_servers(self.optimizers[0], self.lightning_module.global_step)
+        self.optimizers[0].state.clear()  # the servers' now; a worker never steps it
         self.client.pull()
+        self.client.started = True
 
     def process_dataloader(self, dataloader: Any) -> Any:
         dataloader = super().process_dataloader(dataloader)
@@ -562,8 +644,11 @@ class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _Ligh
         return state
 
     def teardown(self) -> None:
+        # A worker stopped by an error says so: in sync mode the others then stop too, instead
+        # of waiting for its next push (its own error line says why).
+        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
         if self.client is not None:
             with contextlib.suppress(RuntimeError):  # a server gone: the error says why
-                self.client.done()
-            self.client = None
+                self.client.done(failed=trainer is None or trainer.interrupted)
+        self.client = None
         super().teardown()
