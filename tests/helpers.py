@@ -99,6 +99,43 @@ def run_script(
     )
 
 
+def run_train_killing(
+    args: list[str], marker: str, rank: int | None, env: dict | None = None, timeout: float = 120
+) -> tuple[int, str, dict[int, int]]:
+    """Run `python train.py args`; at the first output line containing `marker`, SIGKILL the
+    process it started for LOCAL_RANK `rank` (None: none), then let the run end (bounded: no
+    hang until a timeout). Returns its exit status, all its output, and its processes' pids
+    by local rank."""
+    process = subprocess.Popen(
+        [sys.executable, "train.py", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output, children = [], {}
+    for line in process.stdout:
+        output.append(line)
+        if marker in line:
+            children = children_by_local_rank(process.pid)
+            if rank is not None:
+                os.kill(children[rank], signal_module.SIGKILL)
+            break
+    rest, _ = process.communicate(timeout=timeout)
+    return process.returncode, "".join(output) + rest, children
+
+
+def children_by_local_rank(pid: int) -> dict[int, int]:
+    """The processes a launcher started, by their LOCAL_RANK."""
+    ranks = {}
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        local = next(v for v in environ if v.startswith(b"LOCAL_RANK="))
+        ranks[int(local.split(b"=")[1])] = int(child)
+    return ranks
+
+
 OFFLINE_SITECUSTOMIZE = """
 import socket
 

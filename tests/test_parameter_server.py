@@ -4,9 +4,6 @@ subprocesses with a timeout and their own port."""
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -20,6 +17,7 @@ from helpers import (
     fashion_mnist_dir,
     free_port,
     run_script,
+    run_train_killing,
     tiny_run_args,
 )
 
@@ -163,8 +161,8 @@ def test_sync_steps_equal_ddp_and_its_checkpoint_resumes_and_evaluates(tmp_path,
     # Same seed and global batch (2 workers x 32 against 2 DDP processes x 32), no batch norm or
     # dropout (their per-process statistics differ by design), SGD with momentum (optimizer
     # state the servers hold): after 2 epochs of 4 steps the weights and the momentum match.
-    # The parameter-server job stops after the first epoch and resumes from its checkpoint, and
-    # its parameters are split over two servers.
+    # The parameter-server job stops after the first epoch and resumes from its checkpoint
+    # (in the single-device format, so with another number of servers too).
     common = [
         "model.net.batch_norm=false",
         "model.net.dropout=0",
@@ -185,10 +183,14 @@ def test_sync_steps_equal_ddp_and_its_checkpoint_resumes_and_evaluates(tmp_path,
         "train.py", *tiny_run_args(idx_data_dir, ddp_dir, *common, *ddp), env=ps_env()
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    ps = ["strategy=parameter_server", "trainer.devices=4", "strategy.num_servers=2"]
-    for epochs, resume in (("1", []), ("2", ["ckpt_path=last"])):
-        args = tiny_run_args(idx_data_dir, ps_dir, *common, *ps, f"trainer.max_epochs={epochs}")
-        result = run_script("train.py", *args, *resume, env=ps_env())
+    ps = ["strategy=parameter_server"]
+    runs = [  # the resumed job splits the parameters over 2 servers, the first over 1
+        ["trainer.devices=3", "trainer.max_epochs=1"],
+        ["trainer.devices=4", "strategy.num_servers=2", "trainer.max_epochs=2", "ckpt_path=last"],
+    ]
+    for run in runs:
+        args = tiny_run_args(idx_data_dir, ps_dir, *common, *ps, *run)
+        result = run_script("train.py", *args, env=ps_env())
         assert result.returncode == 0, result.stderr[-3000:]
     expected, got = final_state(ddp_dir), final_state(ps_dir)
     assert got["global_step"] == expected["global_step"] == 8
@@ -237,16 +239,6 @@ def test_async_mlp_reaches_85_percent_on_fashion_mnist(tmp_path):
     assert json.loads((run_dir / "metrics.json").read_text())["test/acc"] >= 0.85
 
 
-def children_by_local_rank(pid: int) -> dict[int, int]:
-    """The processes Lightning started for the job, by their LOCAL_RANK."""
-    ranks = {}
-    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-        environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
-        local = next(v for v in environ if v.startswith(b"LOCAL_RANK="))
-        ranks[int(local.split(b"=")[1])] = int(child)
-    return ranks
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("mode", "rank", "name"),
@@ -259,8 +251,7 @@ def children_by_local_rank(pid: int) -> dict[int, int]:
     ids=["sync-worker", "server", "async-worker"],
 )
 def test_a_lost_process_stops_the_job_with_its_name(tmp_path, idx_data_dir, mode, rank, name):
-    # A worker kills itself mid-epoch (helpers.SendSignal), when async workers step alone; the
-    # server, which runs no callbacks, is killed from here once all are training.
+    # A worker kills itself mid-epoch (helpers.SendSignal), when async workers step alone.
     fault = [
         "+callbacks.fault._target_=helpers.SendSignal",
         "+callbacks.fault.signal=SIGKILL",
@@ -278,30 +269,14 @@ def test_a_lost_process_stops_the_job_with_its_name(tmp_path, idx_data_dir, mode
         "data.batch_size=10",
         *(fault if rank < 2 else []),
     )
-    process = subprocess.Popen(
-        [sys.executable, "train.py", *args],
-        cwd=ROOT,
-        env={
-            **os.environ,
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
-            **ps_env(),
-        },
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    # The server, which runs no callbacks, is killed from here once all are training.
+    paths = [str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, paths))}
+    status, text, children = run_train_killing(
+        args, "last.ckpt (epoch 0,", 2 if rank == 2 else None, env={**env, **ps_env()}
     )
-    output = []
-    for line in process.stdout:
-        output.append(line)
-        if "last.ckpt (epoch 0," in line:  # all are training
-            victim = children_by_local_rank(process.pid)[rank]
-            if rank == 2:
-                os.kill(victim, signal.SIGKILL)
-            break
-    rest, _ = process.communicate(timeout=120)  # bounded: no hang until a timeout
-    text = "".join(output) + rest
-    assert process.returncode == 1, text[-3000:]
+    victim = children[rank]
+    assert status == 1, text[-3000:]
     assert "Traceback" not in text
     if mode == "async":
         assert "asynchronous training goes on with worker rank(s) 0." in text

@@ -4,14 +4,12 @@ with a timeout and their own port (never DDP inside pytest)."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, compose_config, free_port, run_script, tiny_run_args
+from helpers import ROOT, compose_config, free_port, run_script, run_train_killing, tiny_run_args
 
 from litforge.checks import check_strategy
 from litforge.errors import UserError
@@ -302,25 +300,12 @@ def test_a_dead_rank_stops_the_job_with_its_name(tmp_path, idx_data_dir, strateg
         "trainer.max_epochs=100",  # far from done when rank 1 dies
         "data.batch_size=10",
     )
-    process = subprocess.Popen(
-        [sys.executable, "train.py", *args],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "MASTER_PORT": str(free_port())},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    # Once both ranks are training (rank 0 wrote its first checkpoint), rank 1 is killed.
+    status, text, children = run_train_killing(
+        args, "last.ckpt (epoch 0,", 1, env={"MASTER_PORT": str(free_port())}
     )
-    output = []
-    for line in process.stdout:
-        output.append(line)
-        if "last.ckpt (epoch 0," in line:  # both ranks are training
-            children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
-            [rank_1] = children.read_text().split()
-            os.kill(int(rank_1), signal.SIGKILL)
-            break
-    rest, _ = process.communicate(timeout=120)  # bounded: no hang until a timeout
-    text = "".join(output) + rest
-    assert process.returncode == 1, text[-3000:]
+    rank_1 = children[1]
+    assert status == 1, text[-3000:]
     assert "Traceback" not in text
     assert text.strip().splitlines()[-1] == (
         f"error: the process of rank 1 (pid {rank_1}) died (killed by SIGKILL), so the job "
