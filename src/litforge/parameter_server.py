@@ -161,10 +161,10 @@ class Server:
         views = self.flat.split(self.numels)
         self.params = [v.view_as(p) for v, p in zip(views, params, strict=True)]
         # One optimizer group per worker group that has parameters here, in the same order.
-        self.group_of = blob["group_of"]  # the worker's group index of each parameter
+        group_of = blob["group_of"]  # the worker's group index of each parameter
         groups, self.group_index = [], []
         for g, hyper in enumerate(blob["groups"]):
-            members = [p for p, of in zip(self.params, self.group_of, strict=True) if of == g]
+            members = [p for p, of in zip(self.params, group_of, strict=True) if of == g]
             if members:
                 groups.append({**hyper, "params": members})
                 self.group_index.append(g)
