@@ -1,3 +1,6 @@
+import fcntl
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,14 +27,24 @@ def idx_data_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def fashion_mnist_folder(tmp_path_factory) -> Path:
-    """The real Fashion-MNIST written out as an image folder by `export-images` (once per
-    session: ~30 s), or a skip when the dataset is not installed."""
+    """The real Fashion-MNIST written out as an image folder by `export-images` (~30 s), or a
+    skip when the dataset is not installed. Once per session: the test workers share it (the
+    first to need it writes it, under a lock the others wait on)."""
     if fashion_mnist_dir() is None:
         pytest.skip(NO_FASHION_MNIST)
-    folder = tmp_path_factory.mktemp("fashion") / "images"
-    command = ["-m", "litforge.data", "export-images", "fashion_mnist", str(folder)]
-    result = run_script(*command, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-3000:]
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # -n 0: this process is the session
+        shared = tmp_path_factory.mktemp("fashion")
+    else:  # the folder this session's workers have theirs in
+        shared = tmp_path_factory.getbasetemp().parent
+    folder, done = shared / "fashion_mnist_images", shared / "fashion_mnist_images.done"
+    with (shared / "fashion_mnist_images.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # an interrupted earlier attempt
+            command = ["-m", "litforge.data", "export-images", "fashion_mnist", str(folder)]
+            result = run_script(*command, cwd=ROOT)
+            assert result.returncode == 0, result.stderr[-3000:]
+            done.touch()
     return folder
 
 

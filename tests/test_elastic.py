@@ -63,11 +63,17 @@ def torchrun(logs: Path, *extra: str, fault: signal.Signals | None = None, data_
     lines: list[str] = []
 
     def read() -> None:
+        victim = None
         for line in agent.stdout:
             lines.append(line)
-            if fault and "last.ckpt (epoch 0," in line and "FAULT" not in lines:
-                os.kill(worker_pid(agent.pid, local_rank=1), fault)
+            if fault and "last.ckpt (epoch 0," in line and victim is None:
+                victim = worker_pid(agent.pid, local_rank=1)
+                os.kill(victim, fault)
                 lines.append("FAULT")
+            if fault == signal.SIGSTOP and "error: rank 0 lost contact" in line:
+                # What torchrun does to a stopped worker too, after waiting 30 s for its
+                # SIGTERM to act (its shutdown timeout, which a restart does not shorten).
+                os.kill(victim, signal.SIGKILL)
 
     reader = threading.Thread(target=read)
     reader.start()

@@ -4,7 +4,7 @@ import re
 
 import pytest
 import torch
-from helpers import compose_config, offline_env, run_script
+from helpers import compose_config, offline_env, run_in_process, run_script
 
 from litforge.errors import UserError
 from litforge.pipeline import evaluate, train
@@ -43,7 +43,7 @@ def test_missing_dataset_offline_is_one_message_without_traceback(tmp_path):
 
 @pytest.mark.slow
 def test_eval_without_checkpoint_says_what_to_add(tmp_path):
-    result = run_script("eval.py", f"hydra.run.dir={tmp_path / 'run'}")
+    result = run_in_process("eval.py", f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert (
@@ -84,7 +84,7 @@ def test_eval_without_checkpoint_says_what_to_add(tmp_path):
     ],
 )
 def test_hydra_level_mistakes_are_one_line(tmp_path, override, line):
-    result = run_script("train.py", override, f"hydra.run.dir={tmp_path / 'run'}")
+    result = run_in_process("train.py", override, f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 1
     errors = [text for text in result.stderr.splitlines() if text.strip()]
     assert errors[-1].startswith(line), result.stderr[-2000:]
@@ -135,7 +135,7 @@ def test_bad_config_values_are_refused_before_reading_data(tmp_path, override, m
 
 @pytest.mark.slow
 def test_bad_value_from_the_cli_is_one_line(tmp_path):
-    result = run_script("train.py", "model.optimizer.lr=0", f"hydra.run.dir={tmp_path / 'run'}")
+    result = run_in_process("train.py", "model.optimizer.lr=0", f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
         "error: model.optimizer.lr=0 is out of range: expected a number greater than 0. "

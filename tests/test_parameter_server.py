@@ -24,6 +24,7 @@ from helpers import (
 from litforge.checks import check_strategy
 from litforge.errors import UserError
 from litforge.parameter_server import PeerLost, Server, ServerClient, _Channel, split_by_size
+from litforge.pipeline import evaluate, train
 
 
 def test_parameters_are_split_across_servers_by_size():
@@ -158,11 +159,14 @@ def final_state(run_dir: Path) -> dict:
 
 @pytest.mark.slow
 def test_sync_steps_equal_ddp_and_its_checkpoint_resumes_and_evaluates(tmp_path, idx_data_dir):
-    # Same seed and global batch (2 workers x 32 against 2 DDP processes x 32), no batch norm or
-    # dropout (their per-process statistics differ by design), SGD with momentum (optimizer
-    # state the servers hold): after 2 epochs of 4 steps the weights and the momentum match.
-    # The parameter-server job stops after the first epoch and resumes from its checkpoint
-    # (in the single-device format, so with another number of servers too).
+    # Same seed and global batch, no batch norm or dropout (their per-process statistics differ
+    # by design), SGD with momentum (optimizer state the servers hold): after 2 epochs of 4
+    # steps the weights and the momentum match. The reference is one process on the global
+    # batch (1 x 64), trained here in-process: what 2 DDP processes x 32 equal
+    # (test_strategies.py::test_two_process_ddp_steps_equal_one_process_steps), without
+    # starting them. The parameter-server job (2 workers x 32) stops after the first epoch and
+    # resumes from its checkpoint (in the single-device format, so with another number of
+    # servers too).
     common = [
         "model.net.batch_norm=false",
         "model.net.dropout=0",
@@ -172,18 +176,13 @@ def test_sync_steps_equal_ddp_and_its_checkpoint_resumes_and_evaluates(tmp_path,
         "+model.optimizer.momentum=0.9",
         "model.optimizer.lr=0.05",
         "trainer.limit_train_batches=4",
-        "trainer.deterministic=true",
         "trainer.limit_val_batches=1",
-        "data.batch_size=32",
         "test=false",
     ]
-    ddp_dir, ps_dir = tmp_path / "ddp", tmp_path / "ps"
-    ddp = ["strategy=ddp", "trainer.devices=2", "trainer.max_epochs=2"]
-    result = run_script(
-        "train.py", *tiny_run_args(idx_data_dir, ddp_dir, *common, *ddp), env=ps_env()
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    ps = ["strategy=parameter_server"]
+    single = [*common, "data.batch_size=64", "trainer.max_epochs=2"]
+    train(compose_config("train", tmp_path / "single", tiny_run_args(idx_data_dir, None, *single)))
+    ps_dir = tmp_path / "ps"
+    ps = ["strategy=parameter_server", "data.batch_size=32", "trainer.deterministic=true"]
     runs = [  # the resumed job splits the parameters over 2 servers, the first over 1
         ["trainer.devices=3", "trainer.max_epochs=1"],
         ["trainer.devices=4", "strategy.num_servers=2", "trainer.max_epochs=2", "ckpt_path=last"],
@@ -192,7 +191,7 @@ def test_sync_steps_equal_ddp_and_its_checkpoint_resumes_and_evaluates(tmp_path,
         args = tiny_run_args(idx_data_dir, ps_dir, *common, *ps, *run)
         result = run_script("train.py", *args, env=ps_env())
         assert result.returncode == 0, result.stderr[-3000:]
-    expected, got = final_state(ddp_dir), final_state(ps_dir)
+    expected, got = final_state(tmp_path / "single" / "run"), final_state(ps_dir)
     assert got["global_step"] == expected["global_step"] == 8
     for key, value in expected["state_dict"].items():
         torch.testing.assert_close(got["state_dict"][key], value, rtol=1e-5, atol=1e-6, msg=key)
@@ -205,15 +204,10 @@ def test_sync_steps_equal_ddp_and_its_checkpoint_resumes_and_evaluates(tmp_path,
     assert list(momentum) == list(reference) == list(range(len(parameters)))
     for index, wanted in reference.items():
         torch.testing.assert_close(momentum[index], wanted, rtol=1e-5, atol=1e-6)
-    evaluated = run_script(
-        "eval.py",
-        f"ckpt_path={ps_dir / 'checkpoints' / 'last.ckpt'}",
-        "data=mnist",
-        f"paths.data_dir={idx_data_dir}",
-        f"hydra.run.dir={tmp_path / 'eval'}",
-    )
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["test/acc"] > 0.5
+    checkpoint = ps_dir / "checkpoints" / "last.ckpt"
+    overrides = [f"ckpt_path={checkpoint}", "data=mnist", f"paths.data_dir={idx_data_dir}"]
+    evaluated = evaluate(compose_config("eval", tmp_path / "eval", overrides))  # eval.py's path
+    assert evaluated["test/acc"] > 0.5
 
 
 @pytest.mark.skipif(fashion_mnist_dir() is None, reason=NO_FASHION_MNIST)

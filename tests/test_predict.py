@@ -5,7 +5,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, compose_config, run_script
+from helpers import ROOT, compose_config, run_in_process
 
 from litforge.errors import UserError
 from litforge.predict import predict
@@ -126,7 +126,7 @@ def test_bad_settings_are_one_line_errors(tmp_path, overrides, message):
 def test_cli_predicts_a_glob_with_an_exported_model(tmp_path, trained_images, exported_pt2):
     """As the README has it, with a .pt2 file: the same classes as the checkpoint."""
     pattern = f"{trained_images.root}/**/000?.png"  # of each class, 5 PNGs in train/, 4 in test/
-    result = run_script(
+    result = run_in_process(
         "predict.py",
         f"model_path={exported_pt2}",
         f"input={pattern}",

@@ -11,7 +11,14 @@ import sys
 
 import pytest
 import torch
-from helpers import RESUMABLE, ROOT, assert_same_run, run_script, tiny_run_args
+from helpers import (
+    RESUMABLE,
+    ROOT,
+    assert_same_run,
+    run_in_process,
+    run_script,
+    tiny_run_args,
+)
 
 from litforge.errors import UserError
 from litforge.resume import AtomicCheckpointIO, auto_checkpoint, newest_loadable, run_dir
@@ -64,7 +71,7 @@ def run_with_fault(data_dir, run, signal_name, stage, epoch, batch):
 @pytest.fixture
 def uninterrupted(tmp_path, idx_data_dir):
     run = tmp_path / "uninterrupted"
-    result = run_script("train.py", *tiny_run_args(idx_data_dir, run, *RESUMABLE))
+    result = run_in_process("train.py", *tiny_run_args(idx_data_dir, run, *RESUMABLE))
     assert result.returncode == 0, result.stderr[-3000:]
     return run
 
@@ -76,7 +83,8 @@ def test_killed_run_resumes_to_the_same_result(tmp_path, idx_data_dir, uninterru
     assert not (run / "metrics.json").exists(), "killed before the end:\n" + output[-2000:]
     logged_before = csv_rows(run)
 
-    result = run_script("train.py", *tiny_run_args(idx_data_dir, run, *RESUMABLE, "ckpt_path=last"))
+    resumed = tiny_run_args(idx_data_dir, run, *RESUMABLE, "ckpt_path=last")
+    result = run_in_process("train.py", *resumed)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"Resuming from {run / 'checkpoints'}" in result.stdout + result.stderr
     assert_same_run(run, uninterrupted)
@@ -102,7 +110,8 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(
     assert "Traceback" not in output
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == step
 
-    result = run_script("train.py", *tiny_run_args(idx_data_dir, run, *RESUMABLE, "ckpt_path=last"))
+    resumed = tiny_run_args(idx_data_dir, run, *RESUMABLE, "ckpt_path=last")
+    result = run_in_process("train.py", *resumed)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_run(run, uninterrupted)
 
@@ -169,11 +178,11 @@ def test_ckpt_path_last_finds_the_newest_run_of_the_same_command(tmp_path):
 def test_ckpt_path_last_goes_back_into_the_run_of_the_same_command(tmp_path, idx_data_dir):
     logs = tmp_path / "logs"
     command = [*tiny_run_args(idx_data_dir, None), f"paths.log_dir={logs}"]
-    first = run_script("train.py", *command)
+    first = run_in_process("train.py", *command)
     assert first.returncode == 0, first.stderr[-3000:]
     [run] = (logs / "train" / "runs").iterdir()
 
-    again = run_script("train.py", *command, "ckpt_path=last")
+    again = run_in_process("train.py", *command, "ckpt_path=last")
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"Resuming from {run / 'checkpoints' / 'last.ckpt'}" in again.stdout + again.stderr
     assert list((logs / "train" / "runs").iterdir()) == [run]  # no new folder
@@ -181,7 +190,7 @@ def test_ckpt_path_last_goes_back_into_the_run_of_the_same_command(tmp_path, idx
     assert "already reached trainer.max_epochs=1: nothing left to train" in again.stdout
     assert "val/acc_best" in json.loads((run / "metrics.json").read_text())
 
-    other = run_script("train.py", *command, "seed=7", "ckpt_path=last")
+    other = run_in_process("train.py", *command, "seed=7", "ckpt_path=last")
     assert other.returncode == 1
     assert "ckpt_path=last: no earlier run of this command" in other.stderr
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from helpers import ROOT, compose_config, run_script
+from helpers import ROOT, compose_config, run_in_process, run_script
 
 from litforge.errors import UserError
 from litforge.pipeline import optimized_metric, start, train
@@ -85,7 +85,7 @@ def test_unknown_optimized_metric_is_a_clear_error(tmp_path):
 @pytest.mark.slow
 def test_cli_run_then_eval_reproduces_the_test_metric(tmp_path, idx_data_dir):
     run_dir = tmp_path / "run"
-    result = run_script(
+    result = run_in_process(
         "train.py",
         *FAST[:-1],
         "trainer.max_epochs=1",
@@ -100,7 +100,7 @@ def test_cli_run_then_eval_reproduces_the_test_metric(tmp_path, idx_data_dir):
 
     best = next((run_dir / "checkpoints").glob("epoch_*.ckpt"))
     eval_dir = tmp_path / "eval"
-    result = run_script(
+    result = run_in_process(
         "eval.py",
         f"ckpt_path={best}",
         # train.py's overrides, pasted: the model group is taken and left to the checkpoint
