@@ -127,6 +127,25 @@ def test_gradients_are_clipped(algorithm):
     assert max(measured) <= 1e-3 * (1 + 1e-5)
 
 
+def test_a_module_fits_again_with_clipping_and_accumulation():
+    # Lightning refuses both for a module that steps its optimizer itself, and checks that
+    # before configure_model; a second fit (fine-tuning, a notebook) must pass that check too.
+    model, _ = fit(batch_size=16, gradient_clip_val=1e-3, accumulate_grad_batches=2)
+    loader = DataLoader(TensorDataset(torch.randn(32, 1, 4, 4), torch.randint(0, 3, (32,))), 16)
+    again = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        gradient_clip_val=1e-3,
+        accumulate_grad_batches=2,
+    )
+    again.fit(model, loader)
+    assert again.global_step == 1
+
+
 def test_bf16_mixed_precision_runs_the_network_in_bfloat16():
     dtypes = set()
 
@@ -171,3 +190,6 @@ def test_reduce_on_plateau_steps_on_its_monitored_metric():
     missing = {**scheduler, "monitor": "val/nothing"}
     with pytest.raises(UserError, match="monitor=val/nothing was not logged"):
         fit(batch_size=16, scheduler=missing, epochs=1)
+    unset = {k: v for k, v in scheduler.items() if k != "monitor"}
+    with pytest.raises(UserError, match=r"model.scheduler.monitor is not set. Add \+model"):
+        fit(batch_size=16, scheduler=unset, epochs=1)

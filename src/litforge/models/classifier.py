@@ -114,10 +114,17 @@ class ClassificationModule(L.LightningModule):
         self._train_sums: torch.Tensor | None = None  # loss × n, correct, n over this epoch
         self._pipeline = None  # litforge.stages.Pipeline under strategy.pipeline_parallel_size > 1
 
+    @property
+    def automatic_optimization(self) -> bool:
+        # False under the Trainer whose configure_model call this module had: Lightning checks
+        # what it refuses to a module that steps itself (clipping, accumulation) when a fit
+        # starts, before configure_model, so a new Trainer (a second fit) must see True there.
+        return self._trainer is None or self._trainer is not getattr(self, "_stepping_for", None)
+
     def configure_model(self) -> None:
         # Lightning calls this once the strategy is set up, on every run (fit, test, ...), and
         # after it checked the Trainer's settings against the module's: see training_step.
-        self.automatic_optimization = False
+        self._stepping_for = self._trainer  # see automatic_optimization
         if getattr(self, "_configured", False):
             return
         self._configured = True
@@ -159,7 +166,7 @@ class ClassificationModule(L.LightningModule):
     # in on_before_optimizer_step), mixed precision (`manual_backward` and the optimizer's
     # `step` go through Lightning's precision plugin) and the learning-rate schedulers.
     # Lightning refuses the first two for a module that steps its own optimizer, but checks
-    # that before `configure_model`, where this module switches over.
+    # that before `configure_model`, where this module switches over (automatic_optimization).
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int):
         x, y = batch
         optimizer = self.optimizers()
@@ -319,6 +326,12 @@ class ClassificationModule(L.LightningModule):
             k: scheduler_cfg.pop(k) for k in ("interval", "frequency") if k in scheduler_cfg
         }
         scheduler = instantiate(scheduler_cfg)(optimizer=optimizer)
+        if isinstance(scheduler, ReduceLROnPlateau) and not self.hparams.scheduler.get("monitor"):
+            raise UserError(
+                "model.scheduler: ReduceLROnPlateau steps on a logged metric, and "
+                "model.scheduler.monitor is not set. Add +model.scheduler.monitor=val/loss "
+                "(or another metric the run logs)."
+            )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, **lightning_keys}}
 
 
