@@ -19,6 +19,7 @@ from helpers import (
     run_script,
     run_train_killing,
     tiny_run_args,
+    write_idx_dataset,
 )
 
 from litforge.checks import check_strategy
@@ -239,7 +240,9 @@ def test_async_mlp_reaches_85_percent_on_fashion_mnist(tmp_path):
     [
         ("sync", 1, "worker rank 1"),
         ("sync", 2, "parameter server 0 (rank 2)"),
-        # the servers go on without it, the workers to the end of the epoch (see README)
+        # the servers go on without it, the workers to the end of the epoch (see README): on
+        # more data, so that the epoch outlasts the 5 s in which Lightning's launcher would
+        # kill the job without a word
         ("async", 1, "worker rank 1"),
     ],
     ids=["sync-worker", "server", "async-worker"],
@@ -253,8 +256,11 @@ def test_a_lost_process_stops_the_job_with_its_name(tmp_path, idx_data_dir, mode
         "+callbacks.fault.batch=5",
         f"+callbacks.fault.rank={rank}",
     ]
+    data_dir = idx_data_dir
+    if mode == "async":
+        data_dir = write_idx_dataset(tmp_path / "data" / "mnist", n_train=6000).parent
     args = tiny_run_args(
-        idx_data_dir,
+        data_dir,
         tmp_path / "run",
         "strategy=parameter_server",
         f"strategy.mode={mode}",
