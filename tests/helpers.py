@@ -355,6 +355,35 @@ class RecordPlacements(L.Callback):
         Path(self.path).write_text(json.dumps(held, indent=1))
 
 
+class RecordValidationSamples(L.Callback):
+    """For subprocess tests (`+callbacks.samples._target_=helpers.RecordValidationSamples
+    +callbacks.samples.directory=...`, PYTHONPATH=tests): after each epoch's validation (not the
+    sanity check), every process adds a JSON line to `directory/<pid>.jsonl`: the epoch, its
+    rank, the world size, and how many validation samples it saw."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory, self.samples = Path(directory), 0
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args):
+        self.samples += len(batch[1])
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        samples, self.samples = self.samples, 0
+        if trainer.sanity_checking:
+            return
+        import json
+
+        self.directory.mkdir(parents=True, exist_ok=True)
+        line = {
+            "epoch": trainer.current_epoch,
+            "rank": trainer.global_rank,
+            "world_size": trainer.world_size,
+            "samples": samples,
+        }
+        with open(self.directory / f"{os.getpid()}.jsonl", "a") as file:
+            file.write(json.dumps(line) + "\n")
+
+
 def band_image(label: int, rng: np.random.Generator, size=(20, 24), color=True) -> np.ndarray:
     """An image whose class is a bright horizontal band at row 3·label, plus noise."""
     height, width = size

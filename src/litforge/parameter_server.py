@@ -6,7 +6,8 @@ fresh parameters back.
   same steps as DDP on the same global batch, with the reduction on the servers.
 - `mode=async`: a server steps on each push as it arrives, and a worker pulls only when its
   parameters are more than `max_staleness` server steps old: fast workers do not wait for slow
-  ones between steps.
+  ones between steps. A worker that dies is left behind: the others meet at the end of each
+  epoch and, without it, form their process group again (`ParameterServerStrategy.meet`).
 
 The last `num_servers` processes of the job are the servers; the others are the workers, and
 they are all Lightning sees: they form the job's process group as under DDP (validation, test,
@@ -52,8 +53,9 @@ MODES = ("sync", "async")
 # Every message starts with a header of 4 integers. A worker's: kind, the version of its
 # parameters, a size (INIT: bytes that follow; PUSH: learning rates that follow, then the
 # gradients). A server's reply: status, its version, whether parameters follow (STATE: bytes),
-# and how many pushes it has taken from all workers.
-PUSH, PULL, STATE, INIT, DONE = 1, 2, 3, 4, 5
+# and how many pushes it has taken from all workers. MEET (async, to the first server only): the
+# worker's round; the reply: how many workers are left, then their ranks.
+PUSH, PULL, STATE, INIT, DONE, MEET = 1, 2, 3, 4, 5, 6
 OK, STOP = 0, 1
 GROUP_PREFIX = "litforge/parameter_server"
 
@@ -141,6 +143,7 @@ class Server:
         self.ready = threading.Event()
         self.arrived, self.grad_sum = 0, None
         self.pushes = 0  # taken from all workers together: async epochs end on this count
+        self.met: dict[int, set[int]] = {}  # async: the workers at each round's meeting
 
     def run(self) -> int:
         threads = [
@@ -229,6 +232,8 @@ class Server:
                     with self.changed:
                         reply = _header(OK, self.version, 1, self.pushes), self.flat.clone()
                     self.channel.send(worker, *reply)
+                elif kind == MEET:
+                    self.channel.send(worker, *self._meet(worker, version))
                 elif kind == STATE:
                     with self.changed:
                         data = _to_bytes(self._state())
@@ -265,6 +270,20 @@ class Server:
             if self.failure is not None:
                 return (_header(STOP, self.version, 0),)
             return _header(OK, self.version, 1, self.pushes), self.flat.clone()
+
+    def _meet(self, worker: int, round_: int) -> tuple:
+        """Async, at the end of each epoch: once every live worker is here (or lost on the
+        way), who they are. They then form their process group again without the lost."""
+        with self.changed:
+            met = self.met.setdefault(round_, set())
+            met.add(worker)
+            self.changed.notify_all()
+            while not self.live <= met and self.failure is None:
+                self.changed.wait()
+            if self.failure is not None:
+                return (_header(STOP, self.version, 0),)
+            members = torch.tensor(sorted(self.live), dtype=torch.int64)
+            return _header(OK, self.version, members.numel()), members
 
     def _fail(self, worker: int, what: str) -> None:
         """Stop: every waiting and later push is answered STOP (call with `changed` held)."""
@@ -413,6 +432,15 @@ class ServerClient:
             self.versions[s] = version
         return dict(sorted(optimizer_state.items()))  # by index, as optimizer.state_dict()
 
+    def meet(self, round_: int) -> list[int]:
+        """Async: wait at the first server for the other live workers; their ranks."""
+        server = self.servers[0]
+        self.channel.send(server, _header(MEET, round_, 0))
+        status, _, count, _ = self.channel.recv(server, torch.zeros(4, dtype=torch.int64)).tolist()
+        if status == STOP:
+            raise PeerLost(f"the parameter server (rank {server}) stopped training")
+        return self.channel.recv(server, torch.empty(count, dtype=torch.int64)).tolist()
+
     def done(self, failed: bool = False) -> None:
         for server in self.servers:
             self.channel.send(server, _header(DONE, 0, int(failed)))
@@ -422,33 +450,31 @@ class JobEpoch:
     """Async mode's training batches of a worker: its own shard, gone round again if need be,
     until the servers have taken one epoch's pushes from all workers together. A fast worker
     thus trains on more batches and a slow one on fewer, and no worker waits for the others
-    until the epoch ends (validation, checkpoints). It has no length, so Lightning looks one
-    batch ahead to see the epoch's last one. Everything else is the loader's."""
+    until the epoch ends, where they meet (`strategy.meet`). It has no length, so Lightning
+    looks one batch ahead to see the epoch's last one. Everything else is the loader's."""
 
     def __init__(self, loader: Any, strategy: ParameterServerStrategy, pushes: int) -> None:
         self.loader, self.strategy, self.pushes_per_epoch = loader, strategy, pushes
-        self.epochs = 0  # started in this process; the servers count pushes from 0 too
 
     def __getattr__(self, name: str) -> Any:  # sampler, state_dict, ...: the loader's
         return getattr(self.loader, name)
 
     def __iter__(self):
-        client = self.strategy.client
-        self.epochs += 1
-        target = self.epochs * self.pushes_per_epoch
-        self.strategy.stepping_alone = True
-        try:
-            while True:
-                handed_out = 0
-                for batch in self.loader:
-                    if client.job_pushes >= target:
-                        return
-                    handed_out += 1
-                    yield batch
-                if handed_out == 0:
-                    return
-        finally:  # the workers meet again from their last batch of the epoch on
-            self.strategy.stepping_alone = False
+        strategy, client = self.strategy, self.strategy.client
+        target = strategy.epoch_end_pushes_for(self.pushes_per_epoch)
+        strategy.stepping_alone = True
+        handed_out = 1
+        while handed_out and client.job_pushes < target:
+            handed_out = 0
+            for batch in self.loader:
+                if client.job_pushes >= target:
+                    break
+                handed_out += 1
+                yield batch
+        strategy.meet()
+        # The workers step together again from their last batch of the epoch on. (Not in a
+        # `finally`: Lightning sometimes starts an iterator and drops it, which closes it.)
+        strategy.stepping_alone = False
 
 
 class _AsyncLauncher(_SubprocessScriptLauncher):
@@ -501,6 +527,9 @@ class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _Ligh
         self.client: ServerClient | None = None
         self._channel: _Channel | None = None
         self._server_state: dict[int, dict] | None = None
+        self.members: list[int] | None = None  # the live workers' job ranks
+        self.epoch_end_pushes, self._target_epoch = 0, -1  # async: epoch_end_pushes_for
+        self._rounds = 0  # async: the meetings at the ends of epochs
 
     # Async mode: between an epoch's first batch and validation, Lightning sees one process.
     # Its SIGTERM broadcast before every batch (and the NaN check's reduction after it) would
@@ -510,13 +539,22 @@ class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _Ligh
     # Set here rather than in the cluster environment: SLURM's and torchrun's ignore setters.
     job_rank = 0
 
+    # Lightning's world is the live workers: all of them unless one was lost in async mode.
+    # Worker 0 always is (it holds the store the others meet in, and writes the checkpoints),
+    # so it stays rank 0.
     @property
     def world_size(self) -> int:
-        return 1 if self.stepping_alone else self.num_workers
+        return 1 if self.stepping_alone else len(self.live_workers)
 
     @property
     def global_rank(self) -> int:
-        return self.job_rank
+        if self.job_rank not in self.live_workers:  # a server
+            return self.job_rank
+        return self.live_workers.index(self.job_rank)
+
+    @property
+    def live_workers(self) -> list[int]:
+        return list(range(self.num_workers)) if self.members is None else self.members
 
     def on_validation_start(self) -> None:
         self.stepping_alone = False  # all workers meet again here
@@ -547,13 +585,17 @@ class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _Ligh
         # Lightning's world is the workers: ranks 0..num_workers-1 of the job.
         self.job_rank = self.node_rank * self.num_processes + self.local_rank
         if self.cluster_environment is not None:
-            self.cluster_environment.set_global_rank(self.job_rank)
-            self.cluster_environment.set_world_size(self.num_workers)
+            self.cluster_environment.set_global_rank(self.global_rank)
+            self.cluster_environment.set_world_size(len(self.live_workers))
         rank_zero_only.rank = utils_rank_zero_only.rank = self.job_rank
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, int]:
-        return {"num_replicas": self.num_workers, "rank": self.global_rank}
+        return {"num_replicas": len(self.live_workers), "rank": self.global_rank}
+
+    @property
+    def already_lost(self) -> frozenset[int]:
+        return frozenset(range(self.num_workers)) - set(self.live_workers)
 
     def process_name(self, rank: int) -> str:
         if rank >= self.num_workers:
@@ -585,9 +627,55 @@ class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _Ligh
                 timeout=self._timeout,
                 device_id=device if device.type != "cpu" else None,
             )
+            # Kept: the workers form their group again in it when one is lost (async), and
+            # on rank 0 it would go with the group it started for.
+            self._store = dist.distributed_c10d._get_default_store()
+        if self.members is None:
+            self.members = list(range(self.num_workers))
         if self._channel is None:  # once per process (Lightning sets up for each stage)
             self._channel = _Channel(connect(self.job_rank, self.job_size, self._timeout))
             self._servers = list(range(self.num_workers, self.job_size))
+
+    def epoch_end_pushes_for(self, pushes_per_epoch: int) -> int:
+        """Async: the servers' push count (from 0 in this process) that ends this epoch. Kept
+        here, not by the loader: Lightning may start an epoch's iterator twice, and a new loader
+        (after a worker was lost) goes on from it."""
+        epoch = self.lightning_module.trainer.current_epoch
+        if self._target_epoch != epoch:
+            self._target_epoch = epoch
+            self.epoch_end_pushes += pushes_per_epoch
+        return self.epoch_end_pushes
+
+    def meet(self) -> None:
+        """Async, at the end of each epoch: the workers wait for each other at the first server,
+        which says who is left; without a lost worker they form their process group again,
+        and reload their data for the new split (validation and the next epoch)."""
+        self._rounds += 1
+        members = self.client.meet(self._rounds)
+        if members == self.members:
+            return
+        lost = sorted(set(self.members) - set(members))
+        dist.destroy_process_group()
+        dist.init_process_group(
+            self._process_group_backend,
+            store=dist.PrefixStore(f"litforge/workers/{self._rounds}", self._store),
+            rank=members.index(self.job_rank),
+            world_size=len(members),
+            timeout=self._timeout,
+        )
+        self.members = members
+        trainer = self.lightning_module.trainer
+        trainer.fit_loop._combined_loader = None  # Lightning asks for loaders again
+        trainer.fit_loop.epoch_loop.val_loop._combined_loader = None
+        if self.global_rank == 0:
+            log.warning(
+                "worker rank(s) %s lost: asynchronous training goes on with worker rank(s) %s "
+                "(%d of %d), the data split over them from here on.",
+                ", ".join(map(str, lost)),
+                ", ".join(map(str, members)),
+                len(members),
+                self.num_workers,
+            )
 
     def _serve_and_exit(self) -> None:
         """A server process never returns to Lightning: it serves until the workers are done,
@@ -664,7 +752,7 @@ class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _Ligh
         limit = trainer.limit_train_batches
         batches = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
         pushes = batches // trainer.accumulate_grad_batches // self.push_every
-        return JobEpoch(dataloader, self, pushes * self.num_workers) if pushes else dataloader
+        return JobEpoch(dataloader, self, pushes * len(self.live_workers)) if pushes else dataloader
 
     def lightning_module_state_dict(self) -> dict[str, Any]:
         if self.client is not None and self.global_rank == 0:

@@ -28,6 +28,7 @@ class ReportsLostProcesses:
     """
 
     _lost: str | None = None
+    already_lost: frozenset[int] = frozenset()  # ranks the job went on without (parameter_server)
 
     def on_exception(self, exception: BaseException) -> None:
         super().on_exception(exception)
@@ -39,8 +40,8 @@ class ReportsLostProcesses:
         children = getattr(self.launcher, "procs", None) or []  # started by this process
         for local_rank, process in enumerate(children, start=1):
             code = process.poll()
-            if code:
-                rank = self.node_rank * self.num_processes + local_rank
+            rank = self.node_rank * self.num_processes + local_rank
+            if code and rank not in self.already_lost:
                 how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
                 return (
                     f"the process of {self.process_name(rank)} (pid {process.pid}) died ({how}), "
