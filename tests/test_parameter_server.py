@@ -286,7 +286,7 @@ def test_async_training_goes_on_without_a_lost_worker(tmp_path):
     # Worker 1 of 3 kills itself mid-epoch 1, while the workers step alone; the others finish
     # the epoch, form their group again and train to the end on the data split over the two of
     # them. On enough data for the rest of the run to outlast the 5 s in which Lightning's own
-    # launcher would kill the job (parameter_server._AsyncLauncher).
+    # launcher would kill the job (ParameterServerStrategy.watched_processes).
     data_dir = write_idx_dataset(tmp_path / "data" / "mnist", n_train=6000).parent
     run_dir, samples = tmp_path / "run", tmp_path / "samples"
     args = tiny_run_args(

@@ -36,10 +36,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
-from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 from lightning.pytorch.strategies import DDPStrategy as _LightningDDPStrategy
-from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
@@ -463,45 +460,19 @@ class JobEpoch:
         strategy, client = self.strategy, self.strategy.client
         target = strategy.epoch_end_pushes_for(self.pushes_per_epoch)
         strategy.stepping_alone = True
-        handed_out = 1
-        while handed_out and client.job_pushes < target:
-            handed_out = 0
+        while client.job_pushes < target:
+            empty = True
             for batch in self.loader:
+                empty = False
                 if client.job_pushes >= target:
                     break
-                handed_out += 1
                 yield batch
+            if empty:
+                break
         strategy.meet()
         # The workers step together again from their last batch of the epoch on. (Not in a
         # `finally`: Lightning sometimes starts an iterator and drops it, which closes it.)
         strategy.stepping_alone = False
-
-
-class _AsyncLauncher(_SubprocessScriptLauncher):
-    """Lightning's launcher (`python train.py` starting the job's other processes), whose watch
-    over them spares the workers in async mode. Lightning's kills the whole job (SIGKILL,
-    without a word) within 5 s of any of them dying; async training goes on without a lost
-    worker, so only the servers are watched."""
-
-    def __init__(self, strategy: ParameterServerStrategy) -> None:
-        super().__init__(strategy.cluster_environment, strategy.num_processes, strategy.num_nodes)
-        self.strategy = strategy
-
-    def launch(self, function, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
-        # As Lightning's `launch`, but for the watch.
-        self.cluster_environment.validate_settings(self.num_processes, self.num_nodes)
-        if not self.cluster_environment.creates_processes_externally:
-            self._call_children_scripts()
-            first = self.strategy.node_rank * self.num_processes + 1  # the children's job ranks
-            servers = [
-                process
-                for rank, process in enumerate(self.procs, start=first)
-                if rank >= self.strategy.num_workers
-            ]
-            if servers:
-                _ChildProcessObserver(main_pid=os.getpid(), child_processes=servers).start()
-        _set_num_threads_if_needed(num_processes=self.num_processes)
-        return function(*args, **kwargs)
 
 
 def _cpu(state: dict) -> dict:
@@ -699,10 +670,12 @@ class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _Ligh
         sys.stderr.flush()
         os._exit(status)
 
-    def _configure_launcher(self) -> None:
-        super()._configure_launcher()
-        if self.mode == "async" and isinstance(self._launcher, _SubprocessScriptLauncher):
-            self._launcher = _AsyncLauncher(self)
+    def watched_processes(self, children: list) -> list:
+        """Async training goes on without a lost worker: only a server's death ends the job."""
+        if self.mode != "async":
+            return children
+        first = self.node_rank * self.num_processes + 1  # the children's job ranks
+        return [p for rank, p in enumerate(children, start=first) if rank >= self.num_workers]
 
     def configure_ddp(self) -> None:
         pass  # no DDP wrapper and no all-reduce: the servers reduce the gradients

@@ -5,13 +5,18 @@ How each model is sharded is `litforge.parallelize`; which combinations cannot r
 from __future__ import annotations
 
 import logging
+import os
 import re
 import signal
+import time
 from typing import Any
 
 import torch
+from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 from lightning.pytorch.strategies import DDPStrategy as _LightningDDPStrategy
 from lightning.pytorch.strategies import ModelParallelStrategy as _LightningModelParallelStrategy
+from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 
 from litforge import elastic
 
@@ -58,6 +63,47 @@ class ReportsLostProcesses:
 
     def process_name(self, rank: int) -> str:
         return f"rank {rank}"
+
+    def watched_processes(self, children: list) -> list:
+        """The processes this one started whose death ends the job (ReportingLauncher)."""
+        return children
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        if type(self._launcher) is _SubprocessScriptLauncher:  # `python train.py` starts them
+            self._launcher = ReportingLauncher(self)
+
+
+class _LostProcessObserver(_ChildProcessObserver):
+    """Lightning's watch over the processes a launcher started: within 5 s of one dying, it
+    SIGKILLs them all and this process too, without a word. Here it first leaves this process
+    `grace` seconds to name the lost one and stop by itself, which it does at once unless it
+    hangs (a dead peer fails gloo's operations straight away)."""
+
+    grace = 10.0
+
+    def _terminate_all(self) -> None:
+        time.sleep(self.grace)
+        super()._terminate_all()
+
+
+class ReportingLauncher(_SubprocessScriptLauncher):
+    """Lightning's launcher for `python train.py` on one machine (it starts the job's other
+    processes), with `_LostProcessObserver` over those the strategy says end the job."""
+
+    def __init__(self, strategy: ReportsLostProcesses) -> None:
+        super().__init__(strategy.cluster_environment, strategy.num_processes, strategy.num_nodes)
+        self.strategy = strategy
+
+    def launch(self, function, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
+        # Lightning's `launch`, with the watch above.
+        self.cluster_environment.validate_settings(self.num_processes, self.num_nodes)
+        if not self.cluster_environment.creates_processes_externally:
+            self._call_children_scripts()
+            if watched := self.strategy.watched_processes(self.procs):
+                _LostProcessObserver(main_pid=os.getpid(), child_processes=watched).start()
+        _set_num_threads_if_needed(num_processes=self.num_processes)
+        return function(*args, **kwargs)
 
 
 class SharesRankZeroBuffers:
