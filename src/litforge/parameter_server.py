@@ -498,7 +498,7 @@ class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _Ligh
         self.client: ServerClient | None = None
         self._channel: _Channel | None = None
         self._server_state: dict[int, dict] | None = None
-        self.members: list[int] | None = None  # the live workers' job ranks
+        self.members: list[int] | None = None  # the live workers' job ranks, once one is lost
         self.epoch_end_pushes, self._target_epoch = 0, -1  # async: epoch_end_pushes_for
         self._rounds = 0  # async: the meetings at the ends of epochs
 
@@ -601,8 +601,6 @@ class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _Ligh
             # Kept: the workers form their group again in it when one is lost (async), and
             # on rank 0 it would go with the group it started for.
             self._store = dist.distributed_c10d._get_default_store()
-        if self.members is None:
-            self.members = list(range(self.num_workers))
         if self._channel is None:  # once per process (Lightning sets up for each stage)
             self._channel = _Channel(connect(self.job_rank, self.job_size, self._timeout))
             self._servers = list(range(self.num_workers, self.job_size))
@@ -623,9 +621,9 @@ class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _Ligh
         and reload their data for the new split (validation and the next epoch)."""
         self._rounds += 1
         members = self.client.meet(self._rounds)
-        if members == self.members:
+        if members == self.live_workers:
             return
-        lost = sorted(set(self.members) - set(members))
+        lost = sorted(set(self.live_workers) - set(members))
         dist.destroy_process_group()
         dist.init_process_group(
             self._process_group_backend,
