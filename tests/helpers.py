@@ -99,12 +99,13 @@ def run_script(
     )
 
 
-def run_in_process(script: str, *args: str) -> subprocess.CompletedProcess:
-    """`python <script> args...` run inside this test process, for single-process runs that no
-    test signals or kills: the same entry point, command line and output, without another
-    interpreter's start (~6 s of importing torch and Lightning on 2 cores). What a run changes
-    in the process (the environment, `sys.excepthook`, logging handlers, torch's determinism
-    flag, the SIGTERM handler) is put back."""
+def run_in_process(script: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python <script> args...` (or `python -m <module> args...`) run inside this test process,
+    with `env` added to the environment, for single-process runs that no test signals or kills:
+    the same entry point, command line and output, without another interpreter's start (~6 s of
+    importing torch and Lightning on 2 cores). What a run changes in the process (the
+    environment, `sys.excepthook`, logging handlers, torch's determinism flag, the SIGTERM
+    handler) is put back."""
     import contextlib
     import io
     import logging
@@ -117,21 +118,28 @@ def run_in_process(script: str, *args: str) -> subprocess.CompletedProcess:
     deterministic = torch.are_deterministic_algorithms_enabled()
     on_sigterm = signal_module.getsignal(signal_module.SIGTERM)
     stdout, stderr = io.StringIO(), io.StringIO()
-    status = 0
-    sys.argv, cwd = [script, *args], os.getcwd()
+    status, imported_main = 0, None
+    sys.argv, cwd = ([script, *args] if script != "-m" else list(args)), os.getcwd()
     os.chdir(ROOT)
     for name in ("HYDRA_FULL_ERROR", "LITFORGE_FULL_ERROR"):  # as run_script: the user's view
         os.environ.pop(name, None)
+    os.environ.update(env or {})
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             try:
-                runpy.run_path(str(ROOT / script), run_name="__main__")  # as `python script`
+                if script == "-m":  # as `python -m package`, which runs a fresh __main__
+                    imported_main = sys.modules.pop(f"{args[0]}.__main__", None)
+                    runpy.run_module(args[0], run_name="__main__", alter_sys=True)
+                else:  # as `python script`
+                    runpy.run_path(str(ROOT / script), run_name="__main__")
             except SystemExit as exit:
                 status = exit.code if isinstance(exit.code, int | None) else 1
             except Exception as err:  # what the interpreter would hand its excepthook
                 sys.excepthook(type(err), err, err.__traceback__)
                 status = 1
     finally:
+        if script == "-m" and imported_main is not None:
+            sys.modules[imported_main.__name__] = imported_main
         os.chdir(cwd)
         sys.argv, sys.excepthook = argv, hook
         os.environ.clear()
@@ -184,34 +192,21 @@ def children_by_local_rank(pid: int) -> dict[int, int]:
     return ranks
 
 
-OFFLINE_SITECUSTOMIZE = """
-import socket
-
-_connect = socket.socket.connect
-
-
-def _no_network(self, address, *args):
-    if self.family in (socket.AF_INET, socket.AF_INET6):
-        raise OSError("network disabled by the test")
-    return _connect(self, address, *args)  # local (unix) sockets still work
-
-
-def _refuse(*args, **kwargs):
-    raise OSError("network disabled by the test")
-
-
-socket.socket.connect = _no_network
-socket.getaddrinfo = _refuse
-"""
-
-
 def offline_env(tmp_path: Path) -> dict[str, str]:
-    """Environment for a subprocess in which every network connection fails (name lookups and
-    TCP/IP connects; local unix sockets, which wandb's own service uses, still work)."""
+    """Environment for a subprocess in which every network connection fails (`no_network`)."""
     site = tmp_path / "offline_site"
     site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(OFFLINE_SITECUSTOMIZE)
-    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    (site / "sitecustomize.py").write_text("import no_network\n\nno_network.disable()\n")
+    path = [str(site), str(Path(__file__).parent), os.environ.get("PYTHONPATH")]
+    return {"PYTHONPATH": os.pathsep.join(filter(None, path))}
+
+
+def go_offline(monkeypatch) -> None:
+    """This test process without network (`no_network`), until the test ends."""
+    import no_network
+
+    for owner, name, replacement in no_network.REPLACEMENTS:
+        monkeypatch.setattr(owner, name, replacement)
 
 
 def write_cifar10(directory: Path, per_batch: int = 40, n_test: int = 40) -> Path:

@@ -1,47 +1,33 @@
 """`python -m litforge.data fetch NAME`: pre-fetch a dataset, or say how to get it."""
 
-import os
 import subprocess
-import sys
 
-from helpers import ROOT, offline_env, write_idx_dataset
+from helpers import go_offline, run_in_process, write_idx_dataset
 
 from litforge.data import __main__ as data_cli
 
 
-def fetch(*args, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "litforge.data", "fetch", *args],
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def fetch(*args):
+    return run_in_process("-m", "litforge.data", "fetch", *args)
 
 
-def test_fetch_reports_where_the_files_are(tmp_path):
+def test_fetch_reports_where_the_files_are(tmp_path, monkeypatch):
     write_idx_dataset(tmp_path / "mnist", n_train=10, n_test=10)
-    result = fetch("mnist", "--data-dir", str(tmp_path), env=offline_env(tmp_path))
+    go_offline(monkeypatch)
+    result = fetch("mnist", "--data-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"mnist: files in {tmp_path / 'mnist'}"
 
 
-def test_fetch_offline_fails_with_the_places_tried(tmp_path):
-    result = fetch(
-        "mnist",
-        "--data-dir",
-        str(tmp_path / "d"),
-        "--system-dir",
-        str(tmp_path),
-        env=offline_env(tmp_path),
-    )
+def test_fetch_offline_fails_with_the_places_tried(tmp_path, monkeypatch):
+    go_offline(monkeypatch)
+    result = fetch("mnist", "--data-dir", str(tmp_path / "d"), "--system-dir", str(tmp_path))
     assert result.returncode == 1
     assert result.stderr.startswith("error: dataset 'mnist' not found")
     assert "Traceback" not in result.stderr
 
 
-def test_unknown_dataset_is_named(tmp_path):
+def test_unknown_dataset_is_named():
     result = fetch("imagenet")
     assert result.returncode == 1
     assert "unknown dataset 'imagenet'" in result.stderr

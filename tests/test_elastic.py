@@ -19,7 +19,7 @@ from helpers import (
     assert_same_run,
     compose_config,
     free_port,
-    run_script,
+    run_in_process,
     tiny_run_args,
     write_idx_dataset,
 )
@@ -254,6 +254,7 @@ def test_auto_goes_on_in_the_jobs_folder_or_this_commands_unfinished_run(tmp_pat
     assert run_dir(str(runs), "auto", ["model=cnn"]) == str(runs / "torchrun-job7")
 
 
+@pytest.mark.slow  # two interpreters that import Lightning
 def test_torchrun_restarts_without_a_rendezvous_id(tmp_path, launched):
     # One machine: the restarted workers share their agent (here: this process), which names
     # the folder.
@@ -274,7 +275,7 @@ def test_torchrun_restarts_without_a_rendezvous_id(tmp_path, launched):
 
 def test_a_job_without_a_name_on_several_machines_is_one_line_from_the_cli(tmp_path):
     several = {"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_MAX_RESTARTS": "1"}
-    result = run_script(
+    result = run_in_process(
         "train.py", f"paths.log_dir={tmp_path}", env={**several, "GROUP_WORLD_SIZE": "2"}
     )
     assert result.returncode == 1

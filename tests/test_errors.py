@@ -4,14 +4,13 @@ import re
 
 import pytest
 import torch
-from helpers import compose_config, offline_env, run_in_process, run_script
+from helpers import compose_config, go_offline, run_in_process, run_script
 
 from litforge.errors import UserError
 from litforge.pipeline import evaluate, train
 
 
-@pytest.mark.slow
-def test_missing_dataset_offline_is_one_message_without_traceback(tmp_path):
+def test_missing_dataset_offline_is_one_message_without_traceback(tmp_path, monkeypatch):
     data_dir, run_dir = tmp_path / "data", tmp_path / "run"
     args = [
         "data=mnist",
@@ -19,7 +18,8 @@ def test_missing_dataset_offline_is_one_message_without_traceback(tmp_path):
         f"data.system_dir={tmp_path / 'sys'}",
         f"hydra.run.dir={run_dir}",
     ]
-    result = run_script("train.py", *args, env=offline_env(tmp_path))
+    go_offline(monkeypatch)
+    result = run_in_process("train.py", *args)
 
     assert result.returncode == 1
     output = result.stdout + result.stderr
@@ -37,7 +37,7 @@ def test_missing_dataset_offline_is_one_message_without_traceback(tmp_path):
     assert not data_dir.exists()
     assert not (run_dir / "checkpoints").exists() and not (run_dir / "csv").exists()
 
-    full = run_script("train.py", *args, env={**offline_env(tmp_path), "HYDRA_FULL_ERROR": "1"})
+    full = run_in_process("train.py", *args, env={"HYDRA_FULL_ERROR": "1"})
     assert full.returncode == 1 and "Traceback" in full.stderr
 
 

@@ -4,7 +4,7 @@ import re
 
 import pytest
 import torch
-from helpers import compose_config
+from helpers import compose_config, write_idx_dataset
 
 from litforge.errors import UserError
 from litforge.pipeline import evaluate, train
@@ -35,19 +35,24 @@ def test_eval_reproduces_the_training_test_metrics(tmp_path, idx_data_dir):
     assert not (tmp_path / "e" / "run" / "plots" / "curves.png").exists()  # no epochs in eval
 
 
-def train_one_epoch(tmp_path, data_dir) -> None:
-    """An MLP run on the small MNIST files, into tmp_path/t/run."""
+@pytest.fixture(scope="module")
+def one_epoch_run(tmp_path_factory):
+    """An MLP trained for one epoch on small MNIST files: (its last checkpoint, the data dir).
+    Shared: the tests below read the checkpoint and write edited copies elsewhere."""
+    tmp = tmp_path_factory.mktemp("one_epoch")
+    data_dir = tmp / "data"
+    write_idx_dataset(data_dir / "mnist", gz=True)
     overrides = ["data=mnist", "data.val_size=100", "trainer.max_epochs=1", "logger=none"]
-    train(compose_config("train", tmp_path / "t", [*overrides, f"paths.data_dir={data_dir}"]))
+    train(compose_config("train", tmp, [*overrides, f"paths.data_dir={data_dir}"]))
+    return tmp / "run" / "checkpoints" / "last.ckpt", data_dir
 
 
-def test_checkpoint_of_another_dataset_is_refused(tmp_path, idx_data_dir):
-    train_one_epoch(tmp_path, idx_data_dir)
-    last = tmp_path / "t" / "run" / "checkpoints" / "last.ckpt"
+def test_checkpoint_of_another_dataset_is_refused(tmp_path, one_epoch_run):
+    last, data_dir = one_epoch_run
     cfg = compose_config(
         "eval",
         tmp_path / "e",
-        ["data=fashion_mnist", f"ckpt_path={last}", f"paths.data_dir={idx_data_dir}"],
+        ["data=fashion_mnist", f"ckpt_path={last}", f"paths.data_dir={data_dir}"],
     )
     with pytest.raises(UserError, match="was trained on 'mnist'.*Add data=mnist"):
         evaluate(cfg)
@@ -71,24 +76,24 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path, ckpt, message):
         ("litforge.data.mnist.MNISTDataModule", "which is not a LightningModule"),
     ],
 )
-def test_only_this_packages_modules_are_rebuilt(tmp_path, idx_data_dir, module_class, message):
-    train_one_epoch(tmp_path, idx_data_dir)
-    checkpoint = torch.load(tmp_path / "t" / "run" / "checkpoints" / "last.ckpt")
+def test_only_this_packages_modules_are_rebuilt(tmp_path, one_epoch_run, module_class, message):
+    last, data_dir = one_epoch_run
+    checkpoint = torch.load(last)
     assert checkpoint["module_class"] == "litforge.models.classifier.ClassificationModule"
     checkpoint["module_class"] = module_class
     path = tmp_path / "edited.ckpt"
     torch.save(checkpoint, path)
-    overrides = ["data=mnist", f"ckpt_path={path}", f"paths.data_dir={idx_data_dir}"]
+    overrides = ["data=mnist", f"ckpt_path={path}", f"paths.data_dir={data_dir}"]
     cfg = compose_config("eval", tmp_path / "e", overrides)
     with pytest.raises(UserError, match=re.escape(message)):
         evaluate(cfg)
 
 
-def test_a_checkpoint_without_its_class_loads_with_the_model_config(tmp_path, idx_data_dir):
-    train_one_epoch(tmp_path, idx_data_dir)
-    checkpoint = torch.load(tmp_path / "t" / "run" / "checkpoints" / "last.ckpt")
+def test_a_checkpoint_without_its_class_loads_with_the_model_config(tmp_path, one_epoch_run):
+    last, data_dir = one_epoch_run
+    checkpoint = torch.load(last)
     del checkpoint["module_class"]  # as written before litforge recorded it
     path = tmp_path / "older.ckpt"
     torch.save(checkpoint, path)
-    overrides = ["data=mnist", "model=mlp", f"ckpt_path={path}", f"paths.data_dir={idx_data_dir}"]
+    overrides = ["data=mnist", "model=mlp", f"ckpt_path={path}", f"paths.data_dir={data_dir}"]
     assert "test/acc" in evaluate(compose_config("eval", tmp_path / "e", overrides))

@@ -23,7 +23,7 @@ needs = {
 def test_tensorboard_records_the_graph_when_asked(tmp_path, idx_data_dir, log_graph):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    overrides = ["data=mnist", "data.val_size=100", "trainer.max_epochs=1", "model=cnn"]
+    overrides = ["data=mnist", "data.val_size=100", "trainer.max_epochs=1"]
     overrides += ["logger=tensorboard", f"logger.tensorboard.log_graph={log_graph}"]
     train(compose_config("train", tmp_path, overrides))
     graphs = []

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import (
     compose_config,
-    run_script,
+    run_in_process,
     train_recording_samples,
     write_image_folder,
     write_numbered_folder,
@@ -253,7 +253,7 @@ def test_train_then_eval_reads_the_same_folder(tmp_path):
     metrics = train(compose_config("train", tmp_path, overrides))
     assert metrics["test/acc"] >= 0.9  # the bands are easy
     checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    result = run_script(
+    result = run_in_process(
         "eval.py",
         *overrides,
         f"ckpt_path={checkpoint}",
@@ -264,7 +264,7 @@ def test_train_then_eval_reads_the_same_folder(tmp_path):
     evaluated = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert evaluated["test/acc"] == pytest.approx(metrics["test/acc"], abs=1e-6)
     other = write_image_folder(tmp_path / "other", {"train": {"cat": 2, "dog": 2, "owl": 2}})
-    result = run_script("eval.py", *overrides, f"data.root={other}", f"ckpt_path={checkpoint}")
+    result = run_in_process("eval.py", *overrides, f"data.root={other}", f"ckpt_path={checkpoint}")
     assert result.returncode == 1
     assert "was trained on other classes (cat, dog, fox) than the data has (cat, dog, owl)" in (
         result.stderr

@@ -9,6 +9,7 @@ from helpers import (
     ROOT,
     assert_same_run,
     compose_config,
+    run_in_process,
     run_script,
     train_recording_samples,
     write_image_folder,
@@ -27,7 +28,7 @@ CLASSES = ("cat", "dog", "fox")
 
 
 def optimize_cli(source, output, *extra):
-    return run_script("-m", "litforge.data", "optimize", str(source), str(output), *extra)
+    return run_in_process("-m", "litforge.data", "optimize", str(source), str(output), *extra)
 
 
 @pytest.fixture(scope="module")
