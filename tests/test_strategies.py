@@ -314,6 +314,24 @@ def test_a_dead_rank_stops_the_job_with_its_name(tmp_path, idx_data_dir, strateg
     )
 
 
+def test_the_process_killed_is_named_before_one_that_exited_on_losing_it():
+    # A peer that loses contact exits 1 within moments: the line names the killed process even
+    # when that one comes later in rank order.
+    from types import SimpleNamespace
+
+    from litforge.strategies import DDPStrategy
+
+    exited = subprocess.Popen(["false"])
+    killed = subprocess.Popen(["sleep", "60"])
+    killed.kill()
+    exited.wait(), killed.wait()
+    strategy = DDPStrategy()
+    strategy._launcher = SimpleNamespace(procs=[exited, killed])  # ranks 1 and 2
+    assert strategy.lost_process(RuntimeError("Connection reset by peer")).startswith(
+        f"the process of rank 2 (pid {killed.pid}) died (killed by SIGKILL), so the job stopped"
+    )
+
+
 def test_a_lost_peer_is_named_from_the_error_alone():
     # torchrun's SIGTERM can cut Lightning's own handling of the error short, before the
     # strategy's on_exception: pipeline.fit asks the strategy about the error itself.

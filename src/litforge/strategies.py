@@ -43,16 +43,21 @@ class ReportsLostProcesses:
         if self._lost:
             return self._lost
         children = getattr(self.launcher, "procs", None) or []  # started by this process
-        for local_rank, process in enumerate(children, start=1):
-            code = process.poll()
-            rank = self.node_rank * self.num_processes + local_rank
-            if code and rank not in self.already_lost:
-                how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
-                return (
-                    f"the process of {self.process_name(rank)} (pid {process.pid}) died ({how}), "
-                    f"so the job stopped. Its own output above says why; "
-                    f"{elastic.how_to_resume()}."
-                )
+        first_rank = self.node_rank * self.num_processes
+        dead = [
+            (first_rank + local_rank, process, process.poll())
+            for local_rank, process in enumerate(children, start=1)
+        ]
+        dead = [(rank, p, code) for rank, p, code in dead if code and rank not in self.already_lost]
+        # One killed by a signal first: one that exited 1 may have been reacting to its death.
+        dead.sort(key=lambda entry: entry[2] > 0)
+        if dead:
+            rank, process, code = dead[0]
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+            return (
+                f"the process of {self.process_name(rank)} (pid {process.pid}) died ({how}), "
+                f"so the job stopped. Its own output above says why; {elastic.how_to_resume()}."
+            )
         if any(_is_communication_error(e) for e in (exception, exception.__context__) if e):
             return (
                 f"rank {self.global_rank} lost contact with the other processes of the job "
