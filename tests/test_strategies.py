@@ -9,7 +9,15 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT, compose_config, free_port, run_script, run_train_killing, tiny_run_args
+from helpers import (
+    ROOT,
+    compose_config,
+    free_port,
+    run_in_process,
+    run_script,
+    run_train_killing,
+    tiny_run_args,
+)
 
 from litforge.checks import check_strategy
 from litforge.errors import UserError
@@ -49,9 +57,8 @@ def test_more_gpus_than_exist_is_refused(tmp_path):
         check_strategy(cfg)
 
 
-@pytest.mark.slow
 def test_fsdp_on_cpu_is_one_line_from_the_cli(tmp_path):
-    result = run_script(
+    result = run_in_process(
         "train.py", "strategy=fsdp", "trainer.accelerator=cpu", f"hydra.run.dir={tmp_path / 'run'}"
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr
@@ -90,7 +97,7 @@ def test_ddp_on_two_cpu_processes_writes_one_run_that_eval_loads(tmp_path, idx_d
     assert (run_dir / ".hydra").is_dir() and (run_dir / "metrics.json").is_file()
     assert {"train.log", "train_ddp_process_1.log"} <= {p.name for p in run_dir.iterdir()}
     best = next((run_dir / "checkpoints").glob("epoch_*.ckpt"))
-    evaluated = run_script(
+    evaluated = run_in_process(
         "eval.py",
         f"ckpt_path={best}",
         "data=mnist",
@@ -122,13 +129,13 @@ def test_two_process_ddp_steps_equal_one_process_steps(tmp_path, idx_data_dir):
         "test=false",
     ]
     weights = {}
-    for name, extra in {
-        "ddp": ["strategy=ddp", "trainer.devices=2", "data.batch_size=32"],
-        "single": ["data.batch_size=64"],
-    }.items():
+    for name, extra, run in [
+        ("ddp", ["strategy=ddp", "trainer.devices=2", "data.batch_size=32"], run_script),
+        ("single", ["data.batch_size=64"], run_in_process),
+    ]:
         run_dir = tmp_path / name
         args = tiny_run_args(idx_data_dir, run_dir, *common, *extra)
-        result = run_script("train.py", *args, env=ddp_env())
+        result = run("train.py", *args, env=ddp_env())
         assert result.returncode == 0, result.stderr[-3000:]
         state = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
         weights[name] = state

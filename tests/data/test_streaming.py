@@ -165,7 +165,7 @@ def test_killed_mid_epoch_resumes_to_the_same_result(tmp_path, shards):
         "callbacks.last_checkpoint.every_n_train_steps=5",  # divides the epoch: 5, 10, 15
         "callbacks.rich_progress_bar=null",
     ]
-    whole = run_script("train.py", *common, f"hydra.run.dir={tmp_path / 'whole'}")
+    whole = run_in_process("train.py", *common, f"hydra.run.dir={tmp_path / 'whole'}")
     assert whole.returncode == 0, whole.stderr[-3000:]
     run = tmp_path / "killed"
     fault = [  # killed after batch 6 of epoch 1 (10 an epoch), at step 17: saved at step 15
@@ -178,7 +178,7 @@ def test_killed_mid_epoch_resumes_to_the_same_result(tmp_path, shards):
     killed = run_script("train.py", *common, *fault, f"hydra.run.dir={run}", env=env)
     assert killed.returncode == -9 and not (run / "metrics.json").exists()
     assert "(epoch 1, step 15)" in (run / "train.log").read_text()  # a mid-epoch checkpoint
-    resumed = run_script("train.py", *common, "ckpt_path=last", f"hydra.run.dir={run}")
+    resumed = run_in_process("train.py", *common, "ckpt_path=last", f"hydra.run.dir={run}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_run(run, tmp_path / "whole")
 

@@ -39,9 +39,8 @@ def test_compiled_run_checkpoint_loads_into_eager_eval(tmp_path):
     }
     result = run_script(
         "train.py",
-        "model=cnn",
         "model.compile=true",
-        "model.net.channels=[8]",
+        "model.net.hidden_sizes=[16]",
         "data=mnist",
         "data.val_size=50",
         f"paths.data_dir={data_dir}",
