@@ -4,7 +4,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import NO_FASHION_MNIST, ROOT, fashion_mnist_dir, run_script, write_idx_dataset
+from helpers import NO_FASHION_MNIST, fashion_mnist_dir, run_in_process, write_idx_dataset
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 
@@ -42,7 +42,7 @@ def fashion_mnist_folder(tmp_path_factory) -> Path:
         if not done.exists():
             shutil.rmtree(folder, ignore_errors=True)  # an interrupted earlier attempt
             command = ["-m", "litforge.data", "export-images", "fashion_mnist", str(folder)]
-            result = run_script(*command, cwd=ROOT)
+            result = run_in_process(*command)
             assert result.returncode == 0, result.stderr[-3000:]
             done.touch()
     return folder
