@@ -154,11 +154,10 @@ def test_sweep_from_another_directory_uses_it_as_the_project_root(tmp_path, idx_
         "debug=fdr",
         "data=mnist",
         "data.val_size=100",
-        "model.optimizer.lr=0.001,0.002",
+        "model.optimizer.lr=0.001",  # a sweep of one job: where it goes is the point
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (sweep,) = (tmp_path / "logs" / "debug" / "multiruns").iterdir()
-    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1", "plots"]
-    for job in ("0", "1"):
-        assert "test/acc" in json.loads((sweep / job / "metrics.json").read_text())
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "plots"]
+    assert "test/acc" in json.loads((sweep / "0" / "metrics.json").read_text())
