@@ -100,12 +100,14 @@ def run_script(
 
 
 def run_in_process(script: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`python <script> args...` (or `python -m <module> args...`) run inside this test process,
-    with `env` added to the environment, for single-process runs that no test signals or kills:
-    the same entry point, command line and output, without another interpreter's start (~6 s of
-    importing torch and Lightning on 2 cores). What a run changes in the process (the
-    environment, `sys.excepthook`, logging handlers, torch's determinism flag, the SIGTERM
-    handler) is put back."""
+    """`python <script> args...` (or `python -m <package> args...`) run inside this test
+    process, for single-process runs that no test signals or kills: the same entry point,
+    command line and output, without another interpreter's start (~6 s of importing torch and
+    Lightning on 2 cores). `env` is added to `os.environ` for the run; what Python or torch read
+    only when they start (PYTHONPATH, OMP_NUM_THREADS, TORCHINDUCTOR_*) needs `run_script`.
+    What a run changes in the process (the environment, the working folder, `sys.argv`,
+    `sys.excepthook`, the root logger, torch's determinism flag, the SIGTERM handler) is put
+    back; the root logger starts empty, as in a fresh interpreter."""
     import contextlib
     import io
     import logging
@@ -113,18 +115,20 @@ def run_in_process(script: str, *args: str, env: dict | None = None) -> subproce
 
     import torch
 
-    environ, argv, hook = dict(os.environ), sys.argv, sys.excepthook
-    root_handlers = list(logging.getLogger().handlers)
+    environ, argv, hook, cwd = dict(os.environ), sys.argv, sys.excepthook, os.getcwd()
+    root = logging.getLogger()
+    root_handlers, root_level = list(root.handlers), root.level
     deterministic = torch.are_deterministic_algorithms_enabled()
     on_sigterm = signal_module.getsignal(signal_module.SIGTERM)
     stdout, stderr = io.StringIO(), io.StringIO()
     status, imported_main = 0, None
-    sys.argv, cwd = ([script, *args] if script != "-m" else list(args)), os.getcwd()
-    os.chdir(ROOT)
-    for name in ("HYDRA_FULL_ERROR", "LITFORGE_FULL_ERROR"):  # as run_script: the user's view
-        os.environ.pop(name, None)
-    os.environ.update(env or {})
     try:
+        sys.argv = [script, *args] if script != "-m" else list(args)  # runpy sets argv[0]
+        os.chdir(ROOT)
+        for name in ("HYDRA_FULL_ERROR", "LITFORGE_FULL_ERROR"):  # as run_script: the user's view
+            os.environ.pop(name, None)
+        os.environ.update(env or {})
+        root.handlers = []
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             try:
                 if script == "-m":  # as `python -m package`, which runs a fresh __main__
@@ -138,16 +142,16 @@ def run_in_process(script: str, *args: str, env: dict | None = None) -> subproce
                 sys.excepthook(type(err), err, err.__traceback__)
                 status = 1
     finally:
-        if script == "-m" and imported_main is not None:
+        if imported_main is not None:
             sys.modules[imported_main.__name__] = imported_main
         os.chdir(cwd)
         sys.argv, sys.excepthook = argv, hook
         os.environ.clear()
         os.environ.update(environ)
-        logger = logging.getLogger()
-        for handler in [h for h in logger.handlers if h not in root_handlers]:
-            logger.removeHandler(handler)
+        for handler in [h for h in root.handlers if h not in root_handlers]:
             handler.close()
+        root.handlers = root_handlers
+        root.setLevel(root_level)
         torch.use_deterministic_algorithms(deterministic)
         signal_module.signal(signal_module.SIGTERM, on_sigterm)
     status = status or 0  # sys.exit() and sys.exit(None): success

@@ -1,6 +1,7 @@
 """No network for a test: name lookups and TCP/IP connects fail; local (unix) sockets, which
 wandb's own service uses, still work. `helpers.offline_env` applies it to a subprocess,
-`helpers.go_offline` to the test process."""
+`helpers.go_offline` to the test process (there, a module that took its own reference with
+`from socket import getaddrinfo` before the test keeps the real one)."""
 
 import socket
 

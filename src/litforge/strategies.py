@@ -49,8 +49,9 @@ class ReportsLostProcesses:
             for local_rank, process in enumerate(children, start=1)
         ]
         dead = [(rank, p, code) for rank, p, code in dead if code and rank not in self.already_lost]
-        # One killed by a signal first: one that exited 1 may have been reacting to its death.
-        dead.sort(key=lambda entry: entry[2] > 0)
+        # Killed from outside (SIGKILL, SIGTERM, ...) first: one that exited 1, or that NCCL's
+        # watchdog aborted (SIGABRT), may have been reacting to that death.
+        dead.sort(key=lambda entry: entry[2] > 0 or entry[2] == -signal.SIGABRT)
         if dead:
             rank, process, code = dead[0]
             how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
