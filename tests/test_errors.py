@@ -210,3 +210,22 @@ def test_a_constructor_bug_is_not_taken_for_a_bad_setting():
     with pytest.raises(InstantiationException) as typo:
         instantiate({"_target_": "datetime.timedelta", "minuts": 1})
     assert "invalid keyword argument" in one_line(typo.value)
+
+
+def test_the_error_line_is_written_whole(monkeypatch):
+    # Several processes of a job share the console; written unbuffered (PYTHONUNBUFFERED=1),
+    # a line whose newline goes out apart can get another process's line in between.
+    from litforge import errors
+
+    class Console:  # records each write as the unbuffered stream would send it
+        writes: list[str] = []
+
+        def write(self, text: str) -> None:
+            self.writes.append(text)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr("sys.stderr", Console())
+    errors._excepthook(UserError, UserError("data.root is missing"), None)
+    assert Console.writes == ["error: data.root is missing\n"]

@@ -139,7 +139,7 @@ def reported(task):
             if wanted == "1" or (line := one_line(err)) is None or _in_sweep():
                 raise  # in a sweep of Hydra's basic launcher: a failed job Hydra records
             _to_log_files(f"error: {line}\n{traceback.format_exc()}")
-            print(f"error: {line}", file=sys.stderr, flush=True)
+            _say_error(line)
             sys.exit(1)
 
     return run
@@ -165,4 +165,11 @@ def _excepthook(kind: type[BaseException], err: BaseException, trace: Any) -> No
     if line is None:
         sys.__excepthook__(kind, err, trace)
     else:
-        print(f"error: {line}", file=sys.stderr, flush=True)
+        _say_error(line)
+
+
+def _say_error(line: str) -> None:
+    # One write with its newline: `print` writes the newline apart, and unbuffered (as under
+    # PYTHONUNBUFFERED=1) another process of the job can write its own line in between.
+    sys.stderr.write(f"error: {line}\n")
+    sys.stderr.flush()
