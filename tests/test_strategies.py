@@ -331,7 +331,8 @@ def test_the_process_killed_is_named_before_one_that_exited_on_losing_it():
     exited = subprocess.Popen(["false"])
     killed = subprocess.Popen(["sleep", "60"])
     killed.kill()
-    exited.wait(), killed.wait()
+    exited.wait()
+    killed.wait()
     strategy = DDPStrategy()
     strategy._launcher = SimpleNamespace(procs=[exited, killed])  # ranks 1 and 2
     assert strategy.lost_process(RuntimeError("Connection reset by peer")).startswith(
