@@ -3,6 +3,7 @@ parameters sharded as litforge/parallelize.py says, both checkpoint formats, res
 and single-device evaluation of the result (a folder of shards read directly)."""
 
 import json
+import math
 import subprocess
 
 import pytest
@@ -185,3 +186,62 @@ def test_two_by_two_mesh_on_four_processes(tmp_path, idx_data_dir):
     assert dp_head.startswith("_S(0") and tp_head == "S(0)"
     assert held["head.5.weight"] == (["S(0)", "S(1)"], ["data_parallel", "tensor_parallel"])
     assert (run_dir / "metrics.json").is_file()
+
+
+# The README's model_parallel shapes (strategy and pipeline sections) for each network. Covered
+# above or in test_stages.py: MLP FSDP2 over 2, MLP in 2 stages (gpipe, interleaved), MLP 2
+# stages x 2 data-parallel, CNN tensor parallel over 2, CNN 2 x 2 mesh, CNN 2 stages x 2 tensor
+# parallel. The rest here, the CNN on RGB photos with its default two convolution blocks
+# (channels-last weights, which FSDP2 cannot shard as they are).
+README_SHAPES = {
+    "fsdp2": ["trainer.devices=2"],
+    "pipeline": ["trainer.devices=2", "strategy.pipeline_parallel_size=2"],
+    "pipeline_x_fsdp2": ["trainer.devices=4", "strategy.pipeline_parallel_size=2"],
+    "fsdp2_x_tensor": ["trainer.devices=4", "strategy.tensor_parallel_size=2"],
+    "pipeline_x_tensor": [
+        "trainer.devices=4",
+        "strategy.pipeline_parallel_size=2",
+        "strategy.tensor_parallel_size=2",
+        "strategy.microbatches=4",
+        "strategy.schedule=gpipe",
+    ],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("network", "shape"),
+    [
+        ("cnn", "fsdp2"),
+        ("cnn", "pipeline"),
+        ("cnn", "pipeline_x_fsdp2"),
+        ("mlp", "fsdp2_x_tensor"),
+        ("mlp", "pipeline_x_tensor"),
+    ],
+)
+def test_every_network_trains_in_every_readme_shape(tmp_path, network, shape):
+    from helpers import write_cifar10
+
+    data_dir = tmp_path / "data"
+    write_cifar10(data_dir / "cifar10", per_batch=40, n_test=40)
+    run_dir = tmp_path / "run"
+    train(
+        f"model={network}",
+        "data=cifar10",
+        f"paths.data_dir={data_dir}",
+        "data.val_size=40",
+        "data.batch_size=8",
+        "trainer.accelerator=cpu",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=3",
+        "trainer.limit_val_batches=1",
+        "trainer.limit_test_batches=1",
+        "extras.print_config=false",
+        "callbacks.rich_progress_bar=null",
+        "logger=none",
+        f"hydra.run.dir={run_dir}",
+        *MP,
+        *README_SHAPES[shape],
+    )
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert math.isfinite(metrics["train/loss"]) and "test/acc" in metrics

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
@@ -108,6 +109,23 @@ def parallelize_cnn(net: CNN, mesh: DeviceMesh, compile: bool, stages: list[nn.M
 
 # --- for every model ------------------------------------------------------------------------
 
+
+def _channels_last_input(conv: nn.Module, args: tuple) -> tuple:
+    return (args[0].contiguous(memory_format=torch.channels_last),)
+
+
+def contiguous_convolutions(net: nn.Module) -> None:
+    """FSDP2 shards only contiguous parameters (torch 2.14: "FSDP does not support
+    non-contiguous parameters yet"), and `model.channels_last` stores convolution weights as
+    NHWC. Such weights go back to the standard layout, and their convolutions get channels-last
+    inputs instead: a convolution runs NHWC when its input or its weight is, so the same kernels
+    compute the same values."""
+    for conv in net.modules():
+        if isinstance(conv, nn.Conv2d) and not conv.weight.is_contiguous():
+            conv.weight.data = conv.weight.data.contiguous()
+            conv.register_forward_pre_hook(_channels_last_input)
+
+
 PLANS: dict[type[nn.Module], tuple[Callable, Callable]] = {
     MLP: (blocks_mlp, parallelize_mlp),
     CNN: (blocks_cnn, parallelize_cnn),
@@ -160,6 +178,7 @@ def parallelize(
     `num_stages` > 1: first keep only the stages in `own_stages` (returned, in order, for the
     schedule); else returns []."""
     blocks_of, place = plan_for(net)
+    contiguous_convolutions(net)
     stages: list[nn.Module] = []
     if num_stages > 1:
         stages = split(net, blocks_of(net), own_stages, num_stages)
