@@ -73,8 +73,9 @@ def test_eval_without_checkpoint_says_what_to_add(tmp_path):
         ),
         (
             "model.net._target_=litforge.models.resnet.ResNet",
-            "error: model: cannot import "
-            "_target_ litforge.models.resnet.ResNet (No module named 'litforge.models.resnet').",
+            "error: model.net._target_=litforge.models.resnet.ResNet is not allowed: a model "
+            "may build only litforge.models.mlp.MLP, litforge.models.cnn.CNN. If it is yours, "
+            "add it to litforge.models.NETWORKS (src/litforge/models/__init__.py)",
         ),
         (
             "model.net.dropout=1.5",

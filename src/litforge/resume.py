@@ -444,7 +444,10 @@ def load_module(
         raise UserError(f"{ckpt_path} names {name}, which does not import ({err}).") from err
     if not issubclass(module_class, L.LightningModule):
         raise UserError(f"{ckpt_path} names {name}, which is not a LightningModule.")
-    model = module_class(**checkpoint["hyper_parameters"])
+    try:  # a checkpoint's network and optimizer configs are checked before anything is built
+        model = module_class(**checkpoint["hyper_parameters"])
+    except UserError as err:
+        raise UserError(f"{ckpt_path}: {err}") from err
     check_same_shapes(checkpoint["state_dict"], model.state_dict(), ckpt_path)
     model.load_state_dict(checkpoint["state_dict"])
     return model

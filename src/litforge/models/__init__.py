@@ -1,5 +1,21 @@
-"""Networks (plain `nn.Module`s) and the LightningModule that trains them."""
+"""Networks (plain `nn.Module`s) and the LightningModule that trains them.
 
-from litforge.models.classifier import ClassificationModule
+A checkpoint stores the configs of its network, optimizer and scheduler, and eval.py, predict.py,
+export.py, serve.py and `ClassificationModule.load_from_checkpoint` build them again from it. A
+checkpoint is data, so what it may build is listed here, and anything else is refused before
+it is called (the configs you train with are held to the same lists):
 
-__all__ = ["ClassificationModule"]
+- `NETWORKS`: what `model.net._target_` may name. **Add your own network here.**
+- `OPTIMIZERS`: the module prefixes of what `model.optimizer._target_` and
+  `model.scheduler._target_` may name.
+"""
+
+NETWORKS = (
+    "litforge.models.mlp.MLP",
+    "litforge.models.cnn.CNN",
+)
+OPTIMIZERS = ("torch.optim.",)  # torch's optimizers and learning-rate schedulers
+
+from litforge.models.classifier import ClassificationModule  # noqa: E402 (it reads the lists)
+
+__all__ = ["NETWORKS", "OPTIMIZERS", "ClassificationModule"]

@@ -22,6 +22,49 @@ from torchmetrics.classification import (
 
 from litforge import plots
 from litforge.errors import UserError, number_problem
+from litforge.models import NETWORKS, OPTIMIZERS
+
+
+def check_buildable(config: Any, key: str, allowed: Sequence[str], prefix: bool = False) -> None:
+    """A UserError unless `config` builds one of `allowed` (`prefix`: a name starting with one of
+    them) from plain values: no nested `_target_`, no `${...}` interpolation (a resolver such as
+    `oc.decode` could produce one). Checked before anything is built, whether the config comes
+    from Hydra or from a checkpoint (see litforge/models/__init__.py)."""
+    if config is None:
+        return
+    config = _plain(config)
+    target = config.get("_target_") if isinstance(config, Mapping) else None
+    named = isinstance(target, str) and (
+        target.startswith(tuple(allowed)) if prefix else target in allowed
+    )
+    if not named:
+        what, listed = ("names starting with", "OPTIMIZERS") if prefix else ("only", "NETWORKS")
+        raise UserError(
+            f"{key}._target_={target} is not allowed: a model may build {what} "
+            f"{', '.join(allowed)}. If it is yours, add it to litforge.models.{listed} "
+            f"(src/litforge/models/__init__.py); a checkpoint that names it is not loaded."
+        )
+
+    def refuse(value: Any, where: str) -> None:
+        if isinstance(value, Mapping):
+            if "_target_" in value:
+                raise UserError(
+                    f"{where} has a _target_ of its own ({value['_target_']}): a model's "
+                    f"{key} is built from plain values only."
+                )
+            for k, v in value.items():
+                refuse(v, f"{where}.{k}")
+        elif isinstance(value, Sequence) and not isinstance(value, str):
+            for i, v in enumerate(value):
+                refuse(v, f"{where}[{i}]")
+        elif isinstance(value, str) and "${" in value:
+            raise UserError(
+                f"{where}={value} is an interpolation: a model's {key} takes plain values."
+            )
+
+    for k, v in config.items():
+        if k != "_target_":
+            refuse(v, f"{key}.{k}")
 
 
 def _plain(config: Any) -> Any:
@@ -58,6 +101,9 @@ class ClassificationModule(L.LightningModule):
         std: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
+        check_buildable(net, "model.net", NETWORKS)
+        check_buildable(optimizer, "model.optimizer", OPTIMIZERS, prefix=True)
+        check_buildable(scheduler, "model.scheduler", OPTIMIZERS, prefix=True)
         for problem in (
             "lr" in optimizer and number_problem("optimizer.lr", optimizer["lr"], above=True),
             optimizer.get("weight_decay") is not None
