@@ -104,7 +104,10 @@ def test_a_checkpoint_without_its_class_loads_with_the_model_config(tmp_path, on
 CRAFTED = {  # (hyper-parameter, value): what a crafted checkpoint asks to build
     "nested in the network": ("net", {"dropout": {"_target_": "tempfile.mkdtemp", "dir": "{d}"}}),
     "a network not listed": ("net", {"_target_": "pathlib.Path"}),
-    "torch.load in the network": ("net", {"hidden_sizes": [{"_target_": "torch.load", "f": "{d}"}]}),
+    "torch.load in the network": (
+        "net",
+        {"hidden_sizes": [{"_target_": "torch.load", "f": "{d}"}]},
+    ),
     "an interpolation": ("net", {"dropout": "${oc.decode:'{_target_: tempfile.mkdtemp}'}"}),
     "another optimizer": ("optimizer", {"_target_": "tempfile.mkdtemp", "dir": "{d}"}),
 }
@@ -136,3 +139,32 @@ def test_a_checkpoint_builds_only_listed_networks(tmp_path, one_epoch_run, craft
         else:
             ClassificationModule.load_from_checkpoint(path, weights_only=True)
     assert not any(made.iterdir())
+
+
+def test_image_size_channels_and_normalization_come_from_the_checkpoint(tmp_path, monkeypatch):
+    """A CNN trained on 160x120 RGB photos at data.image_size=128 evaluates without retyping it;
+    another explicit size is one line before any image is read."""
+    from helpers import write_image_folder
+
+    from litforge.data.image_folder import ImageFolderDataModule
+
+    counts = {"train": {"a": 12, "b": 12, "c": 12}, "test": {"a": 4, "b": 4, "c": 4}}
+    root = write_image_folder(tmp_path / "photos", counts, size=(120, 160))
+    data = ["data=image_folder", f"data.root={root}", "data.num_workers=0", "data.batch_size=8"]
+    model = ["model=cnn", "model.net.channels=[8,16]", "model.net.hidden_size=16"]
+    overrides = [*data, *model, "trainer.max_epochs=1", "logger=none"]
+    trained = train(compose_config("train", tmp_path / "t", [*overrides, "data.image_size=128"]))
+    best = next((tmp_path / "t" / "run" / "checkpoints").glob("epoch_*.ckpt"))
+
+    evaluated = evaluate(compose_config("eval", tmp_path / "e", [*data, f"ckpt_path={best}"]))
+    assert evaluated["test/acc"] == trained["test/acc"]
+
+    def read(self):
+        raise AssertionError("the images were read before the settings were checked")
+
+    monkeypatch.setattr(ImageFolderDataModule, "inspect", read)
+    cfg = compose_config(
+        "eval", tmp_path / "e2", [*data, f"ckpt_path={best}", "data.image_size=64"]
+    )
+    with pytest.raises(UserError, match=r"data.image_size=64, but .* was trained with 128: leave"):
+        evaluate(cfg)

@@ -225,6 +225,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     LightningModule, network and settings stored in it."""
     start(cfg)
     checkpoint = resume.read_checkpoint(cfg.ckpt_path)
+    data_from_checkpoint(cfg, checkpoint)
     configured = cfg.model._target_ if cfg.get("model") else None
     if configured and checkpoint.get("module_class"):
         log.info("model=... is not used: the checkpoint says what the model is.")
@@ -239,6 +240,45 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     trainer = build_trainer(cfg)
     test(trainer, model, datamodule)
     return finish(cfg, trainer, _float_metrics(trainer))
+
+
+def data_from_checkpoint(cfg: DictConfig, checkpoint: dict[str, Any]) -> None:
+    """Fill in the data settings the checkpoint knows (image size, channels, normalization) where
+    the datamodule has them unset; one that is set to another value is a UserError, before any
+    data is read."""
+    hp = checkpoint.get("hyper_parameters", {})
+    if not hp.get("input_shape"):
+        return
+    channels, height, width = hp["input_shape"]
+    known = {
+        "image_size": height if height == width else None,
+        "channels": channels,
+        "mean": hp.get("mean"),
+        "std": hp.get("std"),
+    }
+    for key, trained in known.items():
+        if trained is None or key not in cfg.data:
+            continue
+        given = cfg.data[key]
+        if given is None:
+            cfg.data[key] = trained
+        elif not _same(
+            OmegaConf.to_object(given) if OmegaConf.is_config(given) else given, trained
+        ):
+            raise UserError(
+                f"data.{key}={given}, but {cfg.ckpt_path} was trained with {trained}: leave "
+                f"data.{key} out (it comes from the checkpoint), or evaluate another checkpoint."
+            )
+
+
+def _same(given: Any, trained: Any) -> bool:
+    if isinstance(trained, list):
+        return (
+            isinstance(given, list)
+            and len(given) == len(trained)
+            and all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(given, trained, strict=True))
+        )
+    return given == trained
 
 
 def finish(cfg: DictConfig, trainer: L.Trainer, metrics: dict[str, float]) -> dict[str, float]:

@@ -449,8 +449,9 @@ class ImageFolderDataModule(ImageDataModule):
             "image_size": hp.image_size,
         }
         cache = root / STATS_FILE
-        cached = self._read_stats(cache, key)
-        if cached is not None:
+        if None not in (hp.channels, hp.image_size, hp.mean):  # all given (e.g. by eval.py)
+            channels, size, mean, std = hp.channels, hp.image_size, None, None
+        elif (cached := self._read_stats(cache, key)) is not None:
             channels, size, mean, std = cached
         else:
             channels, size, mean, std = self._compute_stats()
