@@ -78,6 +78,11 @@ def test_eval_without_checkpoint_says_what_to_add(tmp_path):
             "add it to litforge.models.NETWORKS (src/litforge/models/__init__.py)",
         ),
         (
+            "data=image_folder",
+            "error: data.root is not set and this run needs it (data=image_folder): add "
+            "data.root=<the folder holding train/ (and val/, test/)>.",
+        ),
+        (
             "model.net.dropout=1.5",
             "error: model: dropout probability has to be between 0 and 1, "
             "but got 1.5 (in litforge.models.mlp.MLP)",
@@ -184,7 +189,8 @@ def test_checkpoint_of_another_architecture_names_the_shapes(tmp_path, mlp_check
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        (b"epoch,loss\n0,1.5\n", "is not a readable checkpoint"),
+        (b"epoch,loss\n0,1.5\n", "is not a checkpoint (not a file torch.save wrote)"),
+        (b"PK\x03\x04cut off", "is not a readable checkpoint"),  # a zip cut off mid-write
         (None, "is a torch file but not a Lightning checkpoint"),
     ],
 )
@@ -230,3 +236,51 @@ def test_the_error_line_is_written_whole(monkeypatch):
     monkeypatch.setattr("sys.stderr", Console())
     errors._excepthook(UserError, UserError("data.root is missing"), None)
     assert Console.writes == ["error: data.root is missing\n"]
+
+
+@pytest.mark.parametrize(
+    ("given", "line"),
+    [
+        ("text.ckpt", "is not a checkpoint (not a file torch.save wrote). Point it at"),
+        (
+            "run",
+            "is a folder of checkpoints: give one, e.g. ckpt_path={run}/checkpoints/"
+            "last.ckpt (the latest) or {run}/checkpoints/epoch_002.ckpt (the best)",
+        ),
+        (
+            "run/checkpoints",
+            "is a folder of checkpoints: give one, e.g. ckpt_path={run}/checkpoints/last.ckpt",
+        ),
+        ("empty", "is a folder, but neither a checkpoint nor a run folder with checkpoints"),
+    ],
+)
+def test_what_is_no_checkpoint_file_says_which_file_to_give(tmp_path, given, line):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    for name in ("last.ckpt", "epoch_002.ckpt"):
+        torch.save({"state_dict": {}}, run / "checkpoints" / name)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "text.ckpt").write_text("not a checkpoint\n")
+    for script in ("eval.py", "train.py"):
+        result = run_in_process(
+            script, f"ckpt_path={tmp_path / given}", f"hydra.run.dir={tmp_path / 'out'}"
+        )
+        assert result.returncode == 1
+        last = result.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"error: ckpt_path={tmp_path / given} "), last
+        assert line.format(run=run) in last, last
+        assert "torch.save(_use_new_zipfile" not in last and "Traceback" not in result.stderr
+
+
+def test_a_single_number_as_crop_scale_is_one_line(tmp_path):
+    from helpers import write_image_folder
+
+    root = write_image_folder(tmp_path / "photos", {"train": {"a": 2, "b": 2}})
+    args = ["data=image_folder", f"data.root={root}", "data.crop_scale=0.5"]
+    result = run_in_process("train.py", *args, f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: data: crop_scale=0.5 is no [low, high] range within (0, 1]: give two fractions "
+        "of the image, e.g. crop_scale=[0.35,1] (in litforge.data.image_folder."
+        "ImageFolderDataModule)"
+    )

@@ -14,6 +14,7 @@ import os
 import re
 import sys
 import traceback
+from pathlib import Path
 from typing import Any
 
 
@@ -58,7 +59,12 @@ def one_line(err: BaseException) -> str | None:
         MissingConfigException,
         OverrideParseException,
     )
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+    from omegaconf.errors import (
+        ConfigAttributeError,
+        ConfigKeyError,
+        MissingMandatoryValue,
+        OmegaConfBaseException,
+    )
 
     chain, cause = _causes(err), err.__cause__
     if user_error := next((e for e in chain if isinstance(e, UserError)), None):
@@ -101,11 +107,41 @@ def one_line(err: BaseException) -> str | None:
             near = difflib.get_close_matches(unexpected[1], accepted, n=3)
             message += f"; did you mean {', '.join(near)}?" if near else f"; it takes {accepted}"
         return f"{where}{message} (in {target})"
+    if missing := next((e for e in chain if isinstance(e, MissingMandatoryValue)), None):
+        return _missing_value(str(missing.full_key))
     if isinstance(err, (HydraException, OmegaConfBaseException)):
         # A resolver's UserError reaches here as text only (OmegaConf drops the exception).
         line = str(err).strip().splitlines()[0]
         return line.removeprefix(f"{UserError.__name__} raised while resolving interpolation: ")
     return None
+
+
+def _missing_value(key: str) -> str:
+    """`key` is `???` in the config: say so, with what the option's YAML file says belongs there
+    (its comment on that line)."""
+    group, _, leaf = key.partition(".")
+    meaning = ""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        runtime = HydraConfig.get().runtime
+        option = runtime.choices.get(group)
+        for source in runtime.config_sources:
+            path = Path(source.path) / group / f"{option}.yaml"
+            if source.schema == "file" and option and path.is_file():
+                found = re.search(
+                    rf"^\s*{re.escape(leaf.rpartition('.')[2])}:\s*\?\?\?\s*#\s*(.+)$",
+                    path.read_text(),
+                    re.MULTILINE,
+                )
+                meaning = found[1].strip() if found else ""
+                where = f" ({group}={option})"
+                break
+        else:
+            where = ""
+    except Exception:  # outside a Hydra run: the key alone
+        where = ""
+    return f"{key} is not set and this run needs it{where}: add {key}=<{meaning or 'a value'}>."
 
 
 def _arguments(target: str) -> list[str]:

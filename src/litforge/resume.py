@@ -325,6 +325,8 @@ def checked_checkpoint(
             )
         ckpt_path = str(newest_loadable(checkpoints))
     if fitting and Path(ckpt_path).is_dir():
+        if not _whole(Path(ckpt_path)):
+            raise UserError(_not_a_checkpoint_folder(Path(ckpt_path), "ckpt_path"))
         if not sharded:
             raise UserError(
                 f"{ckpt_path} is a folder of shards: training resumes from it with "
@@ -388,6 +390,28 @@ def _whole(folder: Path) -> bool:
     return (folder / ".metadata").is_file() and (folder / "meta.pt").is_file()
 
 
+def _starts_as_zip(path: Path) -> bool:
+    with path.open("rb") as f:
+        return f.read(4) == b"PK\x03\x04"
+
+
+def _not_a_checkpoint_folder(path: Path, key: str) -> str:
+    """What to give instead of a folder that is no checkpoint: a run folder's (or its
+    checkpoints/ folder's) checkpoints by name."""
+    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    found = sorted(p.name for p in folder.glob("*.ckpt"))
+    if not found:
+        return (
+            f"{key}={path} is a folder, but neither a checkpoint nor a run folder with "
+            f"checkpoints: point it at a checkpoint written by train.py "
+            f"(<run dir>/checkpoints/last.ckpt)."
+        )
+    best = [name for name in found if name != "last.ckpt"]
+    choices = [f"{folder / 'last.ckpt'} (the latest)"] if "last.ckpt" in found else []
+    choices += [f"{folder / best[-1]} (the best)"] if best else []
+    return f"{key}={path} is a folder of checkpoints: give one, e.g. {key}=" + " or ".join(choices)
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """The checkpoint in `path` (a file, or model_parallel's folder of shards put together in
     memory), or a UserError saying why it cannot be used."""
@@ -396,7 +420,12 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     if not path.exists():
         raise UserError(f"{key}={path}: no such file.")
     if path.is_dir() and not _whole(path):
-        raise UserError(f"{key}={path} is a folder but no whole checkpoint of shards.")
+        raise UserError(_not_a_checkpoint_folder(path, key))
+    if path.is_file() and not _starts_as_zip(path):  # torch.save has written zips since 1.6
+        raise UserError(
+            f"{key}={path} is not a checkpoint (not a file torch.save wrote). Point it at a "
+            f"checkpoint written by train.py (<run dir>/checkpoints/)."
+        )
     try:
         if path.is_dir():
             # Private, but torch has no public way to read shards into one state dict without a

@@ -199,3 +199,17 @@ def test_mlp_reaches_85_percent_streaming_exported_fashion_mnist(tmp_path, fashi
         ],
     )
     assert train(cfg)["test/acc"] >= 0.85
+
+
+def test_optimize_names_its_own_arguments_in_its_errors(tmp_path):
+    """optimize's errors name its arguments (SOURCE, --on-bad-file), not train.py's data.*."""
+    missing = optimize_cli(tmp_path / "nowhere", tmp_path / "out")
+    assert missing.returncode == 1
+    line = missing.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: the source folder {tmp_path / 'nowhere'} is no folder"), line
+    source = write_image_folder(tmp_path / "images", {"train": {"cat": 2, "dog": 2}})
+    (source / "train" / "dog" / "0000.png").write_bytes(b"\x89PNG broken")  # a sampled file
+    broken = optimize_cli(source, tmp_path / "out2", "--workers", "1")
+    line = broken.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: cannot decode") and "set --on-bad-file skip to" in line, line
+    assert "data." not in line

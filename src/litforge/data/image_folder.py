@@ -22,7 +22,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import lightning as L
@@ -91,23 +91,37 @@ def scan_split(folder: Path) -> Files:
     return files
 
 
-def scan(root: Path) -> dict[str, Files]:
+# How messages name the settings of an image folder: as config keys (`data=image_folder`), or
+# as the arguments of `python -m litforge.data optimize`.
+CONFIG_SETTINGS = {
+    "root": "data.root={}",
+    "on_bad_file": "data.on_bad_file={}",
+    "image_size": "data.image_size={}",
+}
+OPTIMIZE_SETTINGS = {
+    "root": "the source folder {}",
+    "on_bad_file": "--on-bad-file {}",
+    "image_size": "--image-size {}",
+}
+
+
+def scan(root: Path, settings: dict[str, str] = CONFIG_SETTINGS) -> dict[str, Files]:
     """Every split folder under `root`, checked: a train split with images, and no class in
     val/test that train lacks."""
+    named = settings["root"].format(root)
     if not root.is_dir():
         raise UserError(
-            f"data.root={root} is no folder. Point it at a folder holding "
-            f"train/<class>/<image> files."
+            f"{named} is no folder. Point it at a folder holding train/<class>/<image> files."
         )
     if not (root / "train").is_dir():
         raise UserError(
-            f"data.root={root} has no train/ folder: expected {root}/train/<class>/<image> "
+            f"{named} has no train/ folder: expected {root}/train/<class>/<image> "
             f"(and optionally val/ and test/ alike)."
         )
     splits = {s: scan_split(root / s) for s in SPLITS if (root / s).is_dir()}
     if not splits["train"]:
         raise UserError(
-            f"data.root={root} holds no images: expected {root}/train/<class>/<image> with "
+            f"{named} holds no images: expected {root}/train/<class>/<image> with "
             f"images ending in {', '.join(IMAGE_SUFFIXES)}."
         )
     for split, files in splits.items():
@@ -277,10 +291,15 @@ def check_image_arguments(
     if channels not in (None, 1, 3):
         raise ValueError(f"channels={channels!r} is not one of: 1, 3, null (as the images).")
     if crop_scale is not None and not (
-        len(crop_scale) == 2 and 0 < crop_scale[0] <= crop_scale[1] <= 1
+        isinstance(crop_scale, Sequence)
+        and len(crop_scale) == 2
+        and all(isinstance(v, (int, float)) for v in crop_scale)
+        and 0 < crop_scale[0] <= crop_scale[1] <= 1
     ):
+        shown = list(crop_scale) if isinstance(crop_scale, Sequence) else crop_scale
         raise ValueError(
-            f"crop_scale={list(crop_scale)} is no [low, high] range within (0, 1], e.g. [0.35, 1]."
+            f"crop_scale={shown} is no [low, high] range within (0, 1]: give two fractions of "
+            f"the image, e.g. crop_scale=[0.35,1]."
         )
     if (mean is None) != (std is None):
         raise ValueError("mean and std go together: give both or neither.")
@@ -410,6 +429,7 @@ class ImageFolderDataModule(ImageDataModule):
         arguments["root"] = str(Path(root).expanduser().resolve())
         self.save_hyperparameters({"name": "image_folder", **arguments})
         self.splits: dict[str, Files] | None = None
+        self.settings = CONFIG_SETTINGS  # how messages name the settings
 
     # --- what is in the folder ----------------------------------------------------------------
 
@@ -418,7 +438,7 @@ class ImageFolderDataModule(ImageDataModule):
             return
         hp = self.hparams
         root = Path(hp.root)
-        found = scan(root)
+        found = scan(root, self.settings)
         missing = {"val": hp.val_fraction, "test": hp.test_fraction}
         missing = {split: f for split, f in missing.items() if split not in found}
         self.splits = {**found, **carve(found["train"], missing, hp.split_seed)}
@@ -481,7 +501,8 @@ class ImageFolderDataModule(ImageDataModule):
                 decoded.append(decode(path.read_bytes(), hp.channels))
             except (BadImageError, OSError) as err:
                 if hp.on_bad_file == "error":
-                    raise cannot_decode(f"{path} ({err})") from None
+                    skip = self.settings["on_bad_file"].format("skip")
+                    raise cannot_decode(f"{path} ({err})", skip) from None
         if not decoded:
             raise UserError(f"none of the sampled images under {hp.root}/train decodes.")
         channels = hp.channels or (1 if all(im.shape[0] == 1 for im in decoded) else 3)
@@ -491,7 +512,8 @@ class ImageFolderDataModule(ImageDataModule):
                 shown = ", ".join(f"{h}×{w}" for h, w in shapes[:3])
                 raise UserError(
                     f"the images under {hp.root}/train differ in size ({shown}"
-                    f"{', ...' if len(shapes) > 3 else ''}): set data.image_size=<pixels>."
+                    f"{', ...' if len(shapes) > 3 else ''}): set "
+                    f"{self.settings['image_size'].format('<pixels>')}."
                 )
             size = min(shapes[0])
         else:

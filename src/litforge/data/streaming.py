@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from litforge.data.image_folder import (
+    OPTIMIZE_SETTINGS,
     SPLITS,
     ImageDataModule,
     ImageFolderDataModule,
@@ -156,6 +157,7 @@ def optimize_folder(
         image_size=image_size,
         channels=channels,
     )
+    folder.settings = OPTIMIZE_SETTINGS  # its messages name this command's arguments
     local = not is_url(output)
     if local:
         out = Path(output).expanduser()
