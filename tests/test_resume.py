@@ -114,6 +114,9 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(
     result = run_in_process("train.py", *resumed)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_run(run, uninterrupted)
+    # the CSV log as the uninterrupted run's: one learning rate per epoch, none repeated
+    rates = [[row for row in csv_rows(r) if "lr-AdamW" in row] for r in (run, uninterrupted)]
+    assert rates[0] == rates[1] and len(rates[0]) == 3
 
 
 @pytest.mark.slow

@@ -12,7 +12,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import LearningRateMonitor as _LightningLearningRateMonitor
 from lightning.pytorch.callbacks import RichProgressBar as _LightningRichProgressBar
 from omegaconf import OmegaConf
 
@@ -148,19 +147,3 @@ class StopOnNonFiniteLoss(L.Callback):
                 f"checkpoints of earlier epochs are in {checkpoints}. Lower "
                 f"model.optimizer.lr, or check the data for NaNs."
             )
-
-
-class LearningRateMonitor(_LightningLearningRateMonitor):
-    """Lightning's, which logs `logging_interval: epoch` rates when an epoch starts: also in an
-    epoch resumed mid-way (`ckpt_path=last` after a kill), which has no start of its own."""
-
-    _epoch_logged = -1
-
-    def on_train_epoch_start(self, trainer, *args, **kwargs) -> None:
-        self._epoch_logged = trainer.current_epoch
-        super().on_train_epoch_start(trainer, *args, **kwargs)
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self.logging_interval == "epoch" and self._epoch_logged != trainer.current_epoch:
-            self.on_train_epoch_start(trainer, pl_module)
-        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)

@@ -26,7 +26,8 @@ def confusion_matrix(matrix: torch.Tensor, class_names: Sequence[str], path: Pat
     """Counts of (true class, predicted class) on the test set, class names on both axes."""
     plt = _pyplot()
     n = len(class_names)
-    fig, ax = plt.subplots(figsize=(1.0 + 0.6 * n, 0.8 + 0.6 * n), dpi=100)
+    # Wide and tall enough for the title and the axis labels with few classes too
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.0 + 0.6 * n), max(3.6, 0.8 + 0.6 * n)), dpi=100)
     ax.imshow(matrix.numpy(), cmap="Blues")
     ax.set_xticks(range(n), class_names, rotation=45, ha="right")
     ax.set_yticks(range(n), class_names)
@@ -46,7 +47,7 @@ def confusion_matrix(matrix: torch.Tensor, class_names: Sequence[str], path: Pat
                 color="white" if value > peak / 2 else "black",
             )
     accuracy = float(matrix.diag().sum() / matrix.sum().clamp(min=1))
-    ax.set_title(f"Test confusion matrix (accuracy {accuracy:.4f})")
+    ax.set_title(f"Test confusion matrix\naccuracy {accuracy:.4f}")
     fig.tight_layout()
     return _save(fig, path)
 
