@@ -156,7 +156,12 @@ def test_a_study_is_identified_by_what_is_not_searched(tmp_path):
     # What does not change what a trial trains: the same study.
     for same in (
         ["hydra.sweeper.n_trials=50", "hydra.sweep.dir=/elsewhere", "paths.root_dir=/other"],
-        ["logger=tensorboard", "tags=[a]", "data.num_workers=0", "callbacks.rich_progress_bar=null"],
+        [
+            "logger=tensorboard",
+            "tags=[a]",
+            "data.num_workers=0",
+            "callbacks.rich_progress_bar=null",
+        ],
         ["model.optimizer.lr=0.5"],  # searched: its default is no part of the setup
     ):
         assert setup_id(tmp_path, *image_folder, *same) == base, same
@@ -189,7 +194,9 @@ def test_another_setup_starts_its_own_study_and_says_so(tmp_path, idx_data_dir):
     assert (first_dir / "0" / "metrics.json").is_file()  # the trial's folder is in the study's
 
     # A fixed override more: another study in a folder of its own, and the log says why.
-    other = search_in_process(idx_data_dir, None, "hydra.sweeper.n_trials=0", "trainer.max_epochs=2")
+    other = search_in_process(
+        idx_data_dir, None, "hydra.sweeper.n_trials=0", "trainer.max_epochs=2"
+    )
     output = other.stdout + other.stderr
     [second_dir] = set(searches.iterdir()) - {first_dir}
     assert second_dir.name.startswith("mnist_mlp-")
@@ -202,7 +209,9 @@ def test_another_setup_starts_its_own_study_and_says_so(tmp_path, idx_data_dir):
     again = search_in_process(idx_data_dir, None, "hydra.sweeper.n_trials=1")
     assert again.returncode == 0, again.stderr[-3000:]
     output = again.stdout + again.stderr
-    assert f"Optuna study '{first_dir.name}'" in output and "1 finished trial(s), 0 to run" in output
+    assert (
+        f"Optuna study '{first_dir.name}'" in output and "1 finished trial(s), 0 to run" in output
+    )
     assert "New Optuna study" not in output
     assert len(list(searches.iterdir())) == 2
 
@@ -237,7 +246,9 @@ def test_setups_sharing_a_storage_keep_their_trials_apart(tmp_path):
 
 def test_a_study_name_given_is_used_as_is_and_warns_of_another_setup(tmp_path):
     sweep_dir = tmp_path / "search"
-    search_in_process(tmp_path, sweep_dir, "hydra.sweeper.n_trials=0", "hydra.sweeper.study_name=mine")
+    search_in_process(
+        tmp_path, sweep_dir, "hydra.sweeper.n_trials=0", "hydra.sweeper.study_name=mine"
+    )
     result = search_in_process(
         tmp_path,
         sweep_dir,
@@ -273,6 +284,7 @@ def test_a_study_name_given_is_used_as_is_and_warns_of_another_setup(tmp_path):
             "+key=...\n",
         ),
     ],
+    ids=["model=cnn", "optuna_cnn with model=mlp", "a typo"],
 )
 def test_a_search_space_the_model_lacks_is_one_line_before_any_trial(tmp_path, command, error):
     sweep_dir = tmp_path / "search"

@@ -181,7 +181,9 @@ def setup_hash(setup: dict[str, Any]) -> str:
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any], most: int = 3) -> str:
-    keys = sorted(k for k in old.keys() | new.keys() if old.get(k, "<none>") != new.get(k, "<none>"))
+    keys = sorted(
+        k for k in old.keys() | new.keys() if old.get(k, "<none>") != new.get(k, "<none>")
+    )
     shown = [f"{k}: {old.get(k, '<none>')} -> {new.get(k, '<none>')}" for k in keys[:most]]
     return ", ".join(shown) + (f" and {len(keys) - most} more" if len(keys) > most else "")
 
@@ -189,7 +191,8 @@ def _differences(old: dict[str, Any], new: dict[str, Any], most: int = 3) -> str
 def _has_key(cfg: DictConfig, key: str) -> bool:
     parent, _, leaf = key.rpartition(".")
     node = OmegaConf.select(cfg, parent) if parent else cfg
-    return isinstance(node, DictConfig) and leaf in node.keys()  # keys(): '???' values too
+    # `in node` is False for a '???' value; its keys() hold it.
+    return isinstance(node, DictConfig) and leaf in node.keys()  # noqa: SIM118
 
 
 def _studies_named(readable: str, storage: str, sweep_dir: Path) -> Iterator[tuple[str, str, Any]]:
@@ -284,7 +287,7 @@ class OptunaSweeper(Sweeper):
             parent, _, leaf = key.rpartition(".")
             node = OmegaConf.select(start, parent) if parent else start
             close = difflib.get_close_matches(
-                leaf, [str(k) for k in node.keys()] if isinstance(node, DictConfig) else [], n=1
+                leaf, [str(k) for k in node] if isinstance(node, DictConfig) else [], n=1
             )
             model = choices.get("model")
             line = (
@@ -366,7 +369,8 @@ class OptunaSweeper(Sweeper):
                 log.warning(
                     f"Optuna study {self.study_name!r} was started with another setup "
                     f"({_differences(old, setup)}); its trials are not comparable with this "
-                    f"search's. Leave out hydra.sweeper.study_name to give each setup its own study."
+                    f"search's. Leave out hydra.sweeper.study_name to give each setup its own "
+                    f"study."
                 )
             return
         if study.trials:  # from before studies recorded their setup
@@ -380,10 +384,15 @@ class OptunaSweeper(Sweeper):
             if name == self.study_name:
                 continue
             old = summary.user_attrs.get(SETUP_ATTR)
-            how = f"setup differs in {_differences(json.loads(old), setup)}" if old else (
-                f"setup not recorded; hydra.sweeper.study_name={name} adds to it"
+            how = (
+                f"setup differs in {_differences(json.loads(old), setup)}"
+                if old
+                else (f"setup not recorded; hydra.sweeper.study_name={name} adds to it")
             )
-            log.info(f"  other study of {readable}: {name!r} in {where}, {summary.n_trials} trial(s), {how}")
+            log.info(
+                f"  other study of {readable}: {name!r} in {where}, "
+                f"{summary.n_trials} trial(s), {how}"
+            )
 
     def _create_study(self, sweep_dir: Path) -> tuple[Any, str]:
         import optuna
