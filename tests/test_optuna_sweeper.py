@@ -2,17 +2,19 @@
 searches, stores the study in SQLite, resumes it, records failed and pruned trials."""
 
 import csv
+import re
 
 import optuna
 import pytest
 import torch
 import yaml
-from helpers import run_script, tiny_run_args
+from helpers import compose_config, run_in_process, run_script, tiny_run_args
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from hydra_plugins.litforge.optuna_sweeper import _distribution
+from hydra_plugins.litforge.optuna_sweeper import _distribution, setup_hash, setup_of
 
 
 def distribution(line: str):
@@ -34,13 +36,19 @@ def test_search_space_syntax_maps_to_optuna_distributions():
     )
 
 
-def open_study(sweep_dir, name="mnist_mlp"):
+def study_names(sweep_dir) -> list[str]:
+    return sorted(optuna.get_all_study_names(f"sqlite:///{sweep_dir / 'optuna.db'}"))
+
+
+def open_study(sweep_dir, name=None):
+    """The study named `name` in the sweep folder's SQLite file (None: its only study)."""
     return optuna.load_study(study_name=name, storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
 
 
-def search(data_dir, sweep_dir, *extra):
-    """`python train.py -m hparams_search=optuna` on the small MNIST files, seconds a trial."""
-    args = [
+def search_args(data_dir, sweep_dir, *extra) -> list[str]:
+    """`python train.py -m hparams_search=optuna` on the small MNIST files, seconds a trial
+    (`sweep_dir` None: the default folder, logs/train/searches/<study name>/ under data_dir)."""
+    return [
         "-m",
         "hparams_search=optuna",
         *tiny_run_args(data_dir, None),
@@ -48,10 +56,19 @@ def search(data_dir, sweep_dir, *extra):
         "trainer.limit_val_batches=1",
         "trainer.limit_test_batches=1",
         "logger=none",
-        f"hydra.sweep.dir={sweep_dir}",
+        f"paths.log_dir={data_dir / 'logs'}",
+        *([f"hydra.sweep.dir={sweep_dir}"] if sweep_dir is not None else []),
         *extra,
     ]
-    return run_script("train.py", *args, timeout=600)
+
+
+def search(data_dir, sweep_dir, *extra):
+    return run_script("train.py", *search_args(data_dir, sweep_dir, *extra), timeout=600)
+
+
+def search_in_process(data_dir, sweep_dir, *extra):
+    """As `search`, with the sweeper in this process (its trials are still processes)."""
+    return run_in_process("train.py", *search_args(data_dir, sweep_dir, *extra))
 
 
 def summary_rows(sweep_dir) -> list[dict[str, str]]:
@@ -98,7 +115,7 @@ def test_failed_trials_are_recorded_and_the_search_goes_on(tmp_path, idx_data_di
         "data.val_size=choice(100000)",  # more than the training set: every trial fails
     )
     assert result.returncode == 1
-    assert "no trial of Optuna study 'mnist_mlp' completed" in result.stderr
+    assert re.search(r"no trial of Optuna study 'mnist_mlp-[0-9a-f]{8}' completed", result.stderr)
     study = open_study(sweep_dir)
     assert [t.state for t in study.trials] == [TrialState.FAIL] * 2  # both ran
     rows = summary_rows(sweep_dir)
@@ -124,3 +141,154 @@ def test_pruner_stops_a_trial_early(tmp_path, idx_data_dir):
     assert list(trial.intermediate_values) == [0]
     last = torch.load(sweep_dir / "0" / "checkpoints" / "last.ckpt", weights_only=True)
     assert last["epoch"] == 0  # training stopped after the first of 3 epochs
+
+
+def setup_id(tmp_path, *overrides: str, searched=("model.optimizer.lr",)) -> str:
+    """The setup hash of `train.py hparams_search=optuna <overrides>` as the sweeper takes it."""
+    cfg = compose_config("train", tmp_path, ["hparams_search=optuna", *overrides], keep_hydra=True)
+    GlobalHydra.instance().clear()
+    return setup_hash(setup_of(cfg, list(searched)))
+
+
+def test_a_study_is_identified_by_what_is_not_searched(tmp_path):
+    image_folder = ["data=image_folder", "data.root=/images/a", "data.image_size=32"]
+    base = setup_id(tmp_path, *image_folder)
+    # What does not change what a trial trains: the same study.
+    for same in (
+        ["hydra.sweeper.n_trials=50", "hydra.sweep.dir=/elsewhere", "paths.root_dir=/other"],
+        [
+            "logger=tensorboard",
+            "tags=[a]",
+            "data.num_workers=0",
+            "callbacks.rich_progress_bar=null",
+        ],
+        ["model.optimizer.lr=0.5"],  # searched: its default is no part of the setup
+    ):
+        assert setup_id(tmp_path, *image_folder, *same) == base, same
+    # What does: a study of its own.
+    for other in (
+        ["data.root=/images/b"],
+        ["data.image_size=64"],
+        ["trainer.max_epochs=3"],
+        ["model=cnn"],
+        ["seed=7"],
+    ):
+        assert setup_id(tmp_path, *image_folder, *other) != base, other
+    # Searched, a key is no longer part of the setup.
+    assert setup_id(tmp_path, *image_folder, "trainer.max_epochs=3", searched=[]) != setup_id(
+        tmp_path, *image_folder, searched=[]
+    )
+    assert setup_id(
+        tmp_path, *image_folder, "trainer.max_epochs=3", searched=["trainer.max_epochs"]
+    ) == setup_id(tmp_path, *image_folder, searched=["trainer.max_epochs"])
+
+
+@pytest.mark.slow
+def test_another_setup_starts_its_own_study_and_says_so(tmp_path, idx_data_dir):
+    searches = idx_data_dir / "logs" / "train" / "searches"
+    first = search_in_process(idx_data_dir, None, "hydra.sweeper.n_trials=1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    [first_dir] = searches.iterdir()
+    assert re.fullmatch(r"mnist_mlp-[0-9a-f]{8}", first_dir.name)
+    assert study_names(first_dir) == [first_dir.name]
+    assert (first_dir / "0" / "metrics.json").is_file()  # the trial's folder is in the study's
+
+    # A fixed override more: another study in a folder of its own, and the log says why.
+    other = search_in_process(
+        idx_data_dir, None, "hydra.sweeper.n_trials=0", "trainer.max_epochs=2"
+    )
+    output = other.stdout + other.stderr
+    [second_dir] = set(searches.iterdir()) - {first_dir}
+    assert second_dir.name.startswith("mnist_mlp-")
+    assert f"New Optuna study '{second_dir.name}'" in output
+    assert f"other study of mnist_mlp: '{first_dir.name}'" in output
+    assert "1 trial(s), setup differs in trainer.max_epochs: 1 -> 2" in output
+    assert len(open_study(first_dir).trials) == 1  # untouched
+
+    # The first command again, with a larger n_trials: its own study, resumed.
+    again = search_in_process(idx_data_dir, None, "hydra.sweeper.n_trials=1")
+    assert again.returncode == 0, again.stderr[-3000:]
+    output = again.stdout + again.stderr
+    assert (
+        f"Optuna study '{first_dir.name}'" in output and "1 finished trial(s), 0 to run" in output
+    )
+    assert "New Optuna study" not in output
+    assert len(list(searches.iterdir())) == 2
+
+
+def test_setups_sharing_a_storage_keep_their_trials_apart(tmp_path):
+    """Image folders and sizes with one sweep folder (one SQLite file): a study each. No trial
+    runs (n_trials=0), so the folders need no images."""
+    sweep_dir = tmp_path / "search"
+
+    def run(*extra):
+        return run_in_process(
+            "train.py",
+            "-m",
+            "hparams_search=optuna",
+            "data=image_folder",
+            "hydra.sweeper.n_trials=0",
+            f"hydra.sweep.dir={sweep_dir}",
+            *extra,
+        )
+
+    run("data.root=/images/a")
+    [first] = study_names(sweep_dir)
+    assert first.startswith("image_folder_mlp-")
+    run("data.root=/images/a")  # the same command: the same study
+    assert study_names(sweep_dir) == [first]
+    result = run("data.root=/images/b")
+    assert "setup differs in data.root: /images/a -> /images/b" in result.stdout
+    result = run("data.root=/images/a", "data.image_size=64")
+    assert "setup differs in data.image_size: None -> 64" in result.stdout
+    assert len(study_names(sweep_dir)) == 3
+
+
+def test_a_study_name_given_is_used_as_is_and_warns_of_another_setup(tmp_path):
+    sweep_dir = tmp_path / "search"
+    search_in_process(
+        tmp_path, sweep_dir, "hydra.sweeper.n_trials=0", "hydra.sweeper.study_name=mine"
+    )
+    result = search_in_process(
+        tmp_path,
+        sweep_dir,
+        "hydra.sweeper.n_trials=0",
+        "hydra.sweeper.study_name=mine",
+        "trainer.max_epochs=3",
+    )
+    assert study_names(sweep_dir) == ["mine"]
+    assert "Optuna study 'mine' was started with another setup (trainer.max_epochs: 1 -> 3)" in (
+        result.stdout + result.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    "command, error",
+    [
+        (
+            ["model=cnn"],  # hparams_search=optuna searches the MLP's keys
+            "error: search space: model.net.hidden_sizes is not in the config of model=cnn (did "
+            "you mean model.net.hidden_size?); hparams_search=optuna searches another model: "
+            "for model=cnn use hparams_search=optuna_cnn\n",
+        ),
+        (
+            ["hparams_search=optuna_cnn", "model=mlp"],
+            "error: search space: model.net.channels is not in the config of model=mlp; "
+            "hparams_search=optuna_cnn searches another model: for model=mlp use "
+            "hparams_search=optuna\n",
+        ),
+        (
+            ["model.optimizer.lrr=interval(0.001,0.01)"],  # a typo: no other search config fits
+            "error: search space: model.optimizer.lrr is not in the config of model=mlp (did you "
+            "mean model.optimizer.lr?); search only keys the config has, or add one with "
+            "+key=...\n",
+        ),
+    ],
+    ids=["model=cnn", "optuna_cnn with model=mlp", "a typo"],
+)
+def test_a_search_space_the_model_lacks_is_one_line_before_any_trial(tmp_path, command, error):
+    sweep_dir = tmp_path / "search"
+    result = search_in_process(tmp_path, sweep_dir, "hydra.sweeper.n_trials=1", *command)
+    assert result.returncode == 1
+    assert result.stderr == error
+    assert not (sweep_dir / "optuna.db").exists()  # no study, no trial

@@ -19,11 +19,22 @@ interrupted search resumes and a larger `n_trials` extends it. Optuna's database
 of truth: after each trial the sweep summary (`sweep_summary.py` beside this file) is rewritten
 from it, with `best.yaml` holding the best trial's parameters.
 
+A study holds the trials of one setup: everything a trial trains with that is not searched.
+Unless `study_name` is given, it is named `<data>_<model>-<hash of that setup>`
+(`mnist_mlp-1a2b3c4d`), so another model, image folder, image size or fixed override (such as
+`trainer.max_epochs=3`) starts its own study, and says which studies of the same name exist and
+how their setups differ. Left out of the setup (`NOT_SETUP`): Hydra's own settings (the sweep
+folder, `n_trials`, sampler, pruner, the search space itself), `paths`, loggers, printing,
+tags, the progress bar and data-loading speed settings, and the searched keys. The setup is the
+config as written (interpolations unresolved), so moving the project keeps the study.
+
 With a `pruner`, each job reports its monitored metric after every validation epoch
 (`litforge.callbacks.OptunaPruning`, listed in conf/hparams_search/) and stops early when the
 pruner says so; the trial is then told PRUNED.
 """
 
+import difflib
+import hashlib
 import json
 import logging
 import math
@@ -41,7 +52,7 @@ from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, read_write
 
 from hydra_plugins.litforge import sweep_summary
 from litforge.errors import JobFailed, UserError
@@ -53,7 +64,8 @@ log = logging.getLogger(__name__)
 class OptunaSweeperConf:
     _target_: str = "hydra_plugins.litforge.optuna_sweeper.OptunaSweeper"
     _recursive_: bool = False  # sampler and pruner stay configs: jobs rebuild the pruner
-    study_name: str = "search"
+    # null: <data>_<model>-<hash of the setup> (see the module's docstring). Given: used as it is.
+    study_name: Any = None
     n_trials: int = 20  # finished trials the study should hold
     # null: SQLite in the sweep folder. Any Optuna storage URL works (postgresql://...).
     storage: Any = None
@@ -122,6 +134,88 @@ def _check_compatible(study: Any, space: dict[str, Any]) -> None:
                     ) from err
 
 
+# Config keys that do not change what a trial trains, left out of a study's setup: Hydra's own
+# (sweep folder, n_trials, sampler, pruner, search space: `_check_compatible` guards its kinds),
+# where files are read and written, how a run is logged or shown, and data-loading speed.
+NOT_SETUP = (
+    "hydra",
+    "paths",
+    "logger",
+    "extras",
+    "tags",
+    "task_name",
+    "callbacks.rich_progress_bar",
+    "callbacks.optuna_pruning",  # reports to the pruner; the pruner is the sweeper's setting
+    "data.num_workers",
+    "data.pin_memory",
+    "data.cache",
+)
+SETUP_ATTR = "setup"  # the study's user attribute holding its setup (JSON), to tell setups apart
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a.b": value} for a nested container; an empty dict stays a value."""
+    if isinstance(node, dict) and node:
+        flat: dict[str, Any] = {}
+        for key, value in node.items():
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        return flat
+    return {prefix[:-1]: node}
+
+
+def setup_of(config: DictConfig, searched: list[str]) -> dict[str, Any]:
+    """What a trial trains with apart from the searched keys: the config as written (unresolved:
+    `${paths...}` stays text), flattened, less `NOT_SETUP` and `searched`."""
+    left_out = [*NOT_SETUP, *(key.lstrip("+") for key in searched)]
+    flat = _flatten(OmegaConf.to_container(config, resolve=False))
+    return {
+        key: value
+        for key, value in flat.items()
+        if not any(key == out or key.startswith(f"{out}.") for out in left_out)
+    }
+
+
+def setup_hash(setup: dict[str, Any]) -> str:
+    text = json.dumps(setup, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any], most: int = 3) -> str:
+    keys = sorted(
+        k for k in old.keys() | new.keys() if old.get(k, "<none>") != new.get(k, "<none>")
+    )
+    shown = [f"{k}: {old.get(k, '<none>')} -> {new.get(k, '<none>')}" for k in keys[:most]]
+    return ", ".join(shown) + (f" and {len(keys) - most} more" if len(keys) > most else "")
+
+
+def _has_key(cfg: DictConfig, key: str) -> bool:
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    # `in node` is False for a '???' value; its keys() hold it.
+    return isinstance(node, DictConfig) and leaf in node.keys()  # noqa: SIM118
+
+
+def _studies_named(readable: str, storage: str, sweep_dir: Path) -> Iterator[tuple[str, str, Any]]:
+    """(name, where, summary) of the studies named `readable` or `readable-<hash>`: in `storage`,
+    and in the SQLite files of the sweep folder's siblings (one folder per study by default)."""
+    import optuna
+
+    storages = [storage]
+    if sweep_dir.parent.is_dir():
+        storages += [
+            f"sqlite:///{folder.resolve() / 'optuna.db'}"
+            for folder in sorted(sweep_dir.parent.iterdir())
+            if folder != sweep_dir
+            and (folder.name == readable or folder.name.startswith(f"{readable}-"))
+            and (folder / "optuna.db").is_file()
+        ]
+    for url in dict.fromkeys(storages):
+        for summary in optuna.get_all_study_summaries(url):
+            name = summary.study_name
+            if name == readable or name.startswith(f"{readable}-"):
+                yield name, url.removeprefix("sqlite:///"), summary
+
+
 def _override_value(value: Any) -> str:
     if isinstance(value, float):
         return repr(value)
@@ -133,7 +227,7 @@ class OptunaSweeper(Sweeper):
 
     def __init__(
         self,
-        study_name: str,
+        study_name: str | None,
         n_trials: int,
         storage: str | None,
         direction: str | None,
@@ -142,6 +236,7 @@ class OptunaSweeper(Sweeper):
         params: dict[str, Any],
     ) -> None:
         self.study_name, self.n_trials, self.storage = study_name, n_trials, storage
+        self.named_by_user = bool(study_name)  # else named after the setup, in `sweep`
         self.direction, self.sampler, self.pruner = direction, sampler, pruner
         self.params = dict(params or {})
         self.config: DictConfig | None = None
@@ -178,6 +273,126 @@ class OptunaSweeper(Sweeper):
                 "'model.optimizer.lr=tag(log,interval(1e-4,1e-2))'"
             )
         return fixed, space
+
+    def _check_keys(self, start: DictConfig, space: dict[str, Any], arguments: list[str]) -> None:
+        """Every searched key is in the config (`+key` adds one), before any trial runs: a search
+        config written for another model would otherwise fail every trial."""
+        choices = start.hydra.runtime.choices
+        from_command_line = {
+            o.get_key_element() for o in OverridesParser.create().parse_overrides(arguments)
+        }
+        for key in space:
+            if key.startswith("+") or "@" in key or "/" in key or _has_key(start, key):
+                continue
+            parent, _, leaf = key.rpartition(".")
+            node = OmegaConf.select(start, parent) if parent else start
+            close = difflib.get_close_matches(
+                leaf, [str(k) for k in node] if isinstance(node, DictConfig) else [], n=1
+            )
+            model = choices.get("model")
+            line = (
+                f"search space: {key} is not in the config"
+                + (f" of model={model}" if model else "")
+                + (f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else "")
+            )
+            search = choices.get("hparams_search")
+            fitting = (
+                self._fitting_searches(arguments, search, model)
+                if search and key not in from_command_line
+                else []
+            )
+            if fitting:
+                line += f"; hparams_search={search} searches another model: for model={model} use "
+                line += " or ".join(f"hparams_search={option}" for option in fitting)
+            else:
+                line += "; search only keys the config has, or add one with +key=..."
+            raise UserError(line)
+
+    def _fitting_searches(self, arguments: list[str], search: str, model: Any) -> list[str]:
+        """The other hparams_search configs that keep this command's model and whose search
+        space it has (composed with this command's fixed overrides)."""
+        from hydra.errors import HydraException
+        from omegaconf.errors import OmegaConfBaseException
+
+        loader = self.hydra_context.config_loader
+        kept = [
+            o.input_line
+            for o in OverridesParser.create().parse_overrides(arguments)
+            if not o.is_sweep_override() and o.get_key_element() != "hparams_search"
+        ]
+        fitting = []
+        for option in loader.get_group_options("hparams_search"):
+            if option == search:
+                continue
+            try:
+                cfg = loader.load_sweep_config(self.config, [*kept, f"hparams_search={option}"])
+            except (HydraException, OmegaConfBaseException):  # does not compose with this command
+                continue
+            keys = [str(k) for k in OmegaConf.select(cfg, "hydra.sweeper.params", default={})]
+            if (
+                cfg.hydra.runtime.choices.get("model") == model
+                and keys
+                and all(k.startswith("+") or _has_key(cfg, k) for k in keys)
+            ):
+                fitting.append(option)
+        return fitting
+
+    def _name_study(self, start: DictConfig, space: dict[str, Any], setup: dict[str, Any]) -> str:
+        """Name the study after its setup unless the user named it; returns the readable part.
+        The jobs' configs get the name too (their folders are in the sweep folder)."""
+        choices = start.hydra.runtime.choices
+        readable = "_".join(
+            str(choices[group])
+            for group in ("data", "model")
+            if choices.get(group) and group not in space
+        )
+        readable = readable or "search"
+        if self.named_by_user:
+            return readable
+        assert self.config is not None
+        self.study_name = f"{readable}-{setup_hash(setup)}"
+        with read_write(self.config.hydra):
+            self.config.hydra.sweeper.study_name = self.study_name
+            # What the launcher composes each job from (Hydra's and ours alike).
+            self.config.hydra.overrides.hydra.append(f"hydra.sweeper.study_name={self.study_name}")
+        return readable
+
+    def _compare_setup(
+        self, study: Any, storage: str, setup: dict[str, Any], readable: str, sweep_dir: Path
+    ) -> None:
+        """Record a new study's setup, and say what other studies of its name were set up with;
+        warn when a study named by the user was set up otherwise."""
+        stored = study.user_attrs.get(SETUP_ATTR)
+        if stored is not None:
+            old = json.loads(stored)
+            if old != setup:
+                log.warning(
+                    f"Optuna study {self.study_name!r} was started with another setup "
+                    f"({_differences(old, setup)}); its trials are not comparable with this "
+                    f"search's. Leave out hydra.sweeper.study_name to give each setup its own "
+                    f"study."
+                )
+            return
+        if study.trials:  # from before studies recorded their setup
+            return
+        study.set_user_attr(SETUP_ATTR, json.dumps(setup, default=str))
+        if self.named_by_user:
+            log.info(f"New Optuna study {self.study_name!r}.")
+            return
+        log.info(f"New Optuna study {self.study_name!r}: no earlier search had this setup.")
+        for name, where, summary in _studies_named(readable, storage, sweep_dir):
+            if name == self.study_name:
+                continue
+            old = summary.user_attrs.get(SETUP_ATTR)
+            how = (
+                f"setup differs in {_differences(json.loads(old), setup)}"
+                if old
+                else (f"setup not recorded; hydra.sweeper.study_name={name} adds to it")
+            )
+            log.info(
+                f"  other study of {readable}: {name!r} in {where}, "
+                f"{summary.n_trials} trial(s), {how}"
+            )
 
     def _create_study(self, sweep_dir: Path) -> tuple[Any, str]:
         import optuna
@@ -220,10 +435,17 @@ class OptunaSweeper(Sweeper):
         assert self.config is not None and self.launcher is not None
         if not OmegaConf.select(self.config, "optimized_metric"):
             raise UserError("the Optuna sweeper needs `optimized_metric` (e.g. val/acc_best)")
-        sweep_dir = Path(self.config.hydra.sweep.dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
         fixed, space = self._search_space(arguments)
+        # The config every trial starts from (its own values then added), composed as the
+        # launcher composes a job: the search's keys are checked on it and its setup named.
+        start = self.hydra_context.config_loader.load_sweep_config(self.config, fixed)
+        self._check_keys(start, space, arguments)
+        setup = setup_of(start, list(space))
+        readable = self._name_study(start, space, setup)
+        sweep_dir = Path(self.config.hydra.sweep.dir)  # holds the study's name
+        sweep_dir.mkdir(parents=True, exist_ok=True)
         study, storage = self._create_study(sweep_dir)
+        self._compare_setup(study, storage, setup, readable, sweep_dir)
         _check_compatible(study, space)
         finished = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
         todo = self.n_trials - finished
