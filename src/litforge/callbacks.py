@@ -12,12 +12,32 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import RichModelSummary as _LightningRichModelSummary
 from lightning.pytorch.callbacks import RichProgressBar as _LightningRichProgressBar
+from lightning.pytorch.utilities.model_summary import (
+    get_formatted_model_size,
+    get_human_readable_count,
+)
 from omegaconf import OmegaConf
+from rich.progress import ProgressColumn, Task
+from rich.table import Table
+from rich.text import Text
 
 from litforge.errors import UserError
 
 log = logging.getLogger(__name__)
+
+
+class _Speed(ProgressColumn):
+    """Batches a second: Lightning's column shows `0.00it/s` whenever rich has no estimate
+    (fewer than two redraws in its window, as with a redraw every 20 batches, and every
+    finished bar); here the mean since the bar started stands in, and nothing before a batch."""
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        if speed is None and task.completed and task.elapsed:
+            speed = task.completed / task.elapsed
+        return Text(f"{speed:.2f}it/s" if speed else "", style="dim underline")
 
 
 class RichProgressBar(_LightningRichProgressBar):
@@ -27,10 +47,32 @@ class RichProgressBar(_LightningRichProgressBar):
     after every batch whatever its `refresh_rate`; on a CPU that costs about 1 ms a step, 10% of a
     small model's epoch.
     Processes other than rank 0 show no bar and skip all of it.
+
+    The training metrics shown are this epoch's so far (a module's `running_train_metrics()`,
+    when it has one): the logged `train/loss` is the previous epoch's until the epoch ends, which
+    is after its validation and after this bar's last redraw, so the bar would show it next to
+    the new epoch's validation metrics. Once the epoch's batches are done, the running value is
+    the epoch's `train/loss` (this process's batches; under DDP the log averages all of them).
     """
 
     def __init__(self, refresh_rate: int = 20, **kwargs: Any) -> None:
         super().__init__(refresh_rate=refresh_rate, **kwargs)
+
+    def configure_columns(self, trainer: L.Trainer) -> list:
+        *columns, _ = super().configure_columns(trainer)  # (the last one: Lightning's speed)
+        return [*columns, _Speed()]
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)
+        running = getattr(pl_module, "running_train_metrics", None)
+        if running is None or trainer.state.fn != "fit":
+            return metrics
+        shown = {}
+        for name, value in running().items():
+            metrics.pop(name, None)  # the logged value: the previous epoch's
+            if value is not None:  # None: nothing counted yet (a stale value is not shown)
+                shown[name] = value
+        return {**shown, **metrics}
 
     def _due(self, batch_idx: int, total: Callable[[], int | float]) -> bool:
         # `total` is read on rank 0 only: on the others Lightning never sets up what it reads
@@ -50,6 +92,57 @@ class RichProgressBar(_LightningRichProgressBar):
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args) -> None:
         if self._due(batch_idx, lambda: self.total_test_batches_current_dataloader):
             super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, *args)
+
+
+class RichModelSummary(_LightningRichModelSummary):
+    """Lightning's model summary, without the FLOPs column and `Total FLOPs: 0` where nothing
+    was counted: Lightning counts FLOPs only with a forward pass on the module's
+    `example_input_array`, which the pipeline sets only for a logger's graph."""
+
+    @staticmethod
+    def summarize(
+        summary_data: list[tuple[str, list[str]]],
+        total_parameters: int,
+        trainable_parameters: int,
+        model_size: float,
+        total_training_modes: dict[str, int],
+        total_flops: int,
+        **summarize_kwargs: Any,
+    ) -> None:
+        if total_flops:
+            _LightningRichModelSummary.summarize(
+                summary_data,
+                total_parameters,
+                trainable_parameters,
+                model_size,
+                total_training_modes,
+                total_flops,
+                **summarize_kwargs,
+            )
+            return
+        import rich
+
+        columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
+        table = Table(header_style=summarize_kwargs.get("header_style", "bold magenta"))
+        for name, _ in columns:
+            table.add_column(
+                name, justify="right" if name.startswith(("Params", "In ", "Out ")) else "left"
+            )
+        for row in zip(*(values for _, values in columns), strict=True):
+            table.add_row(*row)
+        totals = {
+            "Trainable params": get_human_readable_count(trainable_parameters),
+            "Non-trainable params": get_human_readable_count(
+                total_parameters - trainable_parameters
+            ),
+            "Total params": get_human_readable_count(total_parameters),
+            "Total estimated model params size (MB)": get_formatted_model_size(model_size),
+            "Modules in train mode": total_training_modes["train"],
+            "Modules in eval mode": total_training_modes["eval"],
+        }
+        console = rich.get_console()
+        console.print(table)
+        console.print("\n".join(f"[bold]{k}[/]: {v}" for k, v in totals.items()), highlight=False)
 
 
 class OptunaPruning(L.Callback):

@@ -1,10 +1,15 @@
-"""Console output: the config tree at the start of a run, the metrics table at its end."""
+"""Console output: a short summary of the config at the start of a run (the whole tree goes to
+`<run dir>/config_tree.log`), the metrics table at its end, and Lightning's console output
+without its repeats and adverts (`quiet_lightning`)."""
 
 from __future__ import annotations
 
+import logging
+import warnings
 from pathlib import Path
 
 import rich
+import rich.markup
 import rich.syntax
 import rich.table
 import rich.tree
@@ -17,7 +22,25 @@ CONFIG_ORDER = ("data", "model", "strategy", "trainer", "callbacks", "logger", "
 
 @rank_zero_only
 def print_config(cfg: DictConfig, save_to: Path | None = None) -> None:
-    """Print the resolved config as a tree (and save the same text to `save_to`)."""
+    """Print which option of each config group the run uses and the command line's overrides;
+    save the whole resolved config as a tree to `save_to`."""
+    if save_to is not None:
+        save_to.parent.mkdir(parents=True, exist_ok=True)
+        with save_to.open("w") as f:
+            rich.print(config_tree(cfg), file=f)
+    groups, overrides = _choices()
+    lines = []
+    for title, words in (("Config", groups), ("Overrides", overrides)):
+        if words:  # (an override such as `callbacks=[a,b]` is no markup)
+            lines.append(f"[bold]{title}:[/] {rich.markup.escape(' '.join(words))}")
+    if save_to is not None:
+        lines.append(f"[bold]Full config:[/] {rich.markup.escape(str(save_to))}")
+    # `highlight=False`: plain text, as the log lines around it (a path is no number to color).
+    rich.get_console().print("\n".join(lines), highlight=False, soft_wrap=True)
+
+
+def config_tree(cfg: DictConfig) -> rich.tree.Tree:
+    """The resolved config as a tree, top-level keys in CONFIG_ORDER first."""
     tree = rich.tree.Tree("config", style="bold")
     keys = [k for k in CONFIG_ORDER if k in cfg] + [k for k in cfg if k not in CONFIG_ORDER]
     for key in keys:
@@ -26,11 +49,27 @@ def print_config(cfg: DictConfig, save_to: Path | None = None) -> None:
             OmegaConf.to_yaml(value, resolve=True) if isinstance(value, DictConfig) else str(value)
         )
         tree.add(f"[bold]{key}[/]").add(rich.syntax.Syntax(text, "yaml", theme="ansi_dark"))
-    rich.print(tree)
-    if save_to is not None:
-        save_to.parent.mkdir(parents=True, exist_ok=True)
-        with save_to.open("w") as f:
-            rich.print(tree, file=f)
+    return tree
+
+
+def _choices() -> tuple[list[str], list[str]]:
+    """`group=option` for each config group in use (Hydra's own groups left out) and the
+    command line's overrides; nothing outside `@hydra.main`."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return [], []
+    hydra_cfg = HydraConfig.get()
+    chosen = {
+        group: option
+        for group, option in hydra_cfg.runtime.choices.items()
+        if option is not None
+        and group != "hydra"
+        and not group.startswith("hydra/")
+        and _exists(group, option)
+    }
+    order = [g for g in CONFIG_ORDER if g in chosen] + [g for g in chosen if g not in CONFIG_ORDER]
+    return [f"{g}={chosen[g]}" for g in order], list(hydra_cfg.overrides.task)
 
 
 def print_metrics(metrics: dict[str, float], output_dir: Path) -> None:
@@ -41,3 +80,68 @@ def print_metrics(metrics: dict[str, float], output_dir: Path) -> None:
         table.add_row(name, f"{value:.4f}")
     rich.print(table)
     rich.print(f"Run directory: {output_dir}")
+
+
+def _exists(group: str, option: str) -> bool:
+    """False for an optional default that has no file (`local: default` without
+    conf/local/default.yaml), which Hydra lists among the choices all the same."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    try:
+        options = GlobalHydra.instance().config_loader().get_group_options(group)
+        return option in options or "/" in option  # (an option in a subfolder: not listed)
+    except Exception:  # no Hydra instance to ask: show it
+        return True
+
+
+# Lightning's console output that says nothing about this run.
+_NOISE_WARNINGS = (
+    # Only about step-level logs, which the module writes every `log_every_n_steps` steps
+    # counted across epochs: an epoch shorter than that still logs them, and its epoch metrics.
+    (
+        r"The number of training batches \(\d+\) is smaller than the logging interval",
+        UserWarning,
+        r"lightning\.pytorch\.loops\.fit_loop",
+    ),
+    # Lightning 2.6.6 with torch >= 2.10: a deprecation inside Lightning, not in user code.
+    (
+        r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        FutureWarning,
+        r"lightning\.pytorch\.utilities\._pytree",
+    ),
+)
+
+
+class _NoAdverts(logging.Filter):
+    """Drops Lightning's "💡 Tip: ... try installing litlogger / litmodels" lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip:")
+
+
+def quiet_lightning() -> None:
+    """Each of Lightning's log lines once on the console and in the run's log file; without its
+    adverts and the warnings in `_NOISE_WARNINGS`. Idempotent; call once logging is set up.
+
+    Lightning puts a console handler of its own on the `lightning` logger when imported (and
+    on `lightning.pytorch`/`lightning.fabric` when the root logger has none yet, without
+    passing their lines on), while its lines also reach the root logger's handlers, which
+    Hydra's job logging sets up: a console one and `<run dir>/<job>.log`. Where the root logger
+    has a console handler, Lightning's own are dropped and its lines go to the root's."""
+    for message, category, module in _NOISE_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
+    ranks = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _NoAdverts) for f in ranks.filters):
+        ranks.addFilter(_NoAdverts())
+    root = logging.getLogger()
+    if not any(_is_console(h) for h in root.handlers):
+        return  # (e.g. `hydra/job_logging=disabled`): Lightning's handlers are its only output
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        for handler in [h for h in logger.handlers if _is_console(h)]:
+            logger.removeHandler(handler)
+        logger.propagate = True
+
+
+def _is_console(handler: logging.Handler) -> bool:
+    return type(handler) is logging.StreamHandler  # a FileHandler is a StreamHandler too

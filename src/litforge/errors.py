@@ -155,7 +155,9 @@ def _arguments(target: str) -> list[str]:
 
 def reported(task):
     """Decorate an entry point's task, under `@hydra.main`: a mistake of the user's (`one_line`),
-    in the command line, the config or the run, ends in one `error:` line and exit status 1.
+    in the command line, the config or the run, ends in one `error:` line and exit status 1,
+    and the run folder Hydra made for it goes if the run wrote nothing there but Hydra's files
+    and logs (`_remove_unused`).
 
     Hydra prints its own errors over several lines, and hands them on only when
     HYDRA_FULL_ERROR is set (hydra 1.3 has no hook for them; hydra #3361): it is set here, they
@@ -169,16 +171,76 @@ def reported(task):
 
     @functools.wraps(task)
     def run(cfg: Any) -> Any:
+        new_folder = _new_run_dir()
         try:
             return task(cfg)
         except Exception as err:
             if wanted == "1" or (line := one_line(err)) is None or _in_sweep():
+                # (HYDRA_FULL_ERROR=1: the run folder stays, with the traceback in its log.)
                 raise  # in a sweep of Hydra's basic launcher: a failed job Hydra records
             _to_log_files(f"error: {line}\n{traceback.format_exc()}")
             _say_error(line)
+            if new_folder is not None:
+                _remove_unused(new_folder)
             sys.exit(1)
 
     return run
+
+
+def _new_run_dir() -> Path | None:
+    """The run folder, when Hydra has just made it for this process: it holds only what Hydra
+    writes before the task (`.hydra/*.yaml`, an empty log file). None for a sweep's job (the
+    sweep summary lists its folder with its error), in the processes of a multi-process job
+    other than the first, and for a folder that a run goes back into (`ckpt_path=last`: its
+    checkpoints, its earlier log)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.RUN:
+        return None
+    if os.environ.get("LITFORGE_SWEEP"):  # a job of the subprocess launcher
+        return None
+    if any(os.environ.get(rank, "0") != "0" for rank in _RANKS):
+        return None
+    folder = Path(HydraConfig.get().runtime.output_dir)
+    return folder if _holds_only_hydra_files(folder, empty_logs=True) else None
+
+
+# Set by Lightning's DDP, torchrun and SLURM in the processes of a job.
+_RANKS = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
+
+
+def _holds_only_hydra_files(folder: Path, empty_logs: bool) -> bool:
+    """`folder` holds nothing but `.hydra/*.yaml` and `*.log` files (`empty_logs`: empty ones)."""
+    try:
+        for entry in folder.iterdir():
+            if entry.name == ".hydra" and entry.is_dir():
+                hydras = all(f.suffix == ".yaml" and f.is_file() for f in entry.iterdir())
+            else:
+                log = entry.suffix == ".log" and entry.is_file() and not entry.is_symlink()
+                hydras = log and not (empty_logs and entry.stat().st_size)
+            if not hydras:
+                return False
+    except OSError:  # gone, or not a folder
+        return False
+    return True
+
+
+def _remove_unused(folder: Path) -> None:
+    """Remove this run's folder if the run wrote nothing there but Hydra's files and logs (the
+    config tree, the error's traceback): a run stopped by a mistake in its input leaves no
+    empty run behind. Anything else (a checkpoint, a logger's files) keeps it."""
+    import shutil
+
+    if not _holds_only_hydra_files(folder, empty_logs=False):
+        return
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        file = getattr(handler, "baseFilename", None)  # a FileHandler's
+        if file is not None and folder in Path(file).parents:
+            root.removeHandler(handler)
+            handler.close()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _in_sweep() -> bool:

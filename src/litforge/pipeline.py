@@ -28,16 +28,19 @@ import hydra.utils
 import lightning as L
 import torch
 from hydra.errors import InstantiationException
-from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelSummary
 from lightning.pytorch.profilers import PassThroughProfiler
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from litforge import resume
+from litforge.callbacks import RichModelSummary
 from litforge.checks import check_config, check_pipeline_split, check_restartable
-from litforge.console import print_config, print_metrics
+from litforge.console import print_config, print_metrics, quiet_lightning
 from litforge.errors import UserError, one_line
 
 log = logging.getLogger(__name__)
+# Here too: a ddp_spawn worker imports this module (NoProfiler) and runs the training loops.
+quiet_lightning()
 
 
 def instantiate(config: Any, **kwargs: Any) -> Any:
@@ -53,7 +56,8 @@ def instantiate(config: Any, **kwargs: Any) -> Any:
 
 
 def start(cfg: DictConfig) -> None:
-    check_config(cfg, needs_checkpoint=not cfg.get("train", False))
+    check_config(cfg, needs_checkpoint=not cfg.get("train", False))  # before any output
+    quiet_lightning()  # Hydra's logging is set up by now
     if cfg.extras.get("print_config"):
         print_config(cfg, save_to=Path(cfg.paths.output_dir) / "config_tree.log")
     if cfg.get("seed") is not None:  # `seed=0` is a seed too
@@ -107,6 +111,13 @@ def build_trainer(cfg: DictConfig) -> L.Trainer:
         # Lightning refuses a LearningRateMonitor without a logger (Lightning #17159, open).
         log.info("logger=none: the learning-rate monitor has nowhere to log, leaving it out.")
         callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
+    summary = {}
+    if cfg.trainer.get("enable_model_summary") is not False and not any(
+        isinstance(cb, ModelSummary) for cb in callbacks
+    ):
+        # Lightning's default summary, without its FLOPs (0 unless measured; see RichModelSummary).
+        callbacks.append(RichModelSummary())
+        summary["enable_model_summary"] = False  # (Lightning's own would be a second one)
     strategy = instantiate(cfg.strategy) if "_target_" in cfg.strategy else cfg.strategy.name
     return instantiate(
         cfg.trainer,
@@ -114,6 +125,7 @@ def build_trainer(cfg: DictConfig) -> L.Trainer:
         callbacks=callbacks,
         logger=loggers or False,
         profiler=cfg.trainer.get("profiler") or NoProfiler(),
+        **summary,
     )
 
 

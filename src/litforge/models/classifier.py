@@ -238,7 +238,8 @@ class ClassificationModule(L.LightningModule):
                     self.manual_backward(loss / accumulate)
             # The per-step loss only on the steps the logger writes anyway.
             if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
-                self.log("train/loss_step", loss, on_step=True, on_epoch=False, prog_bar=True)
+                # (Not on the progress bar: it shows the epoch's running train/loss.)
+                self.log("train/loss_step", loss, on_step=True, on_epoch=False)
         if steps:
             optimizer.step()
             self._step_schedulers("step", batch_idx + 1)
@@ -288,6 +289,16 @@ class ClassificationModule(L.LightningModule):
 
     def on_train_epoch_start(self) -> None:
         self._train_sums = None
+
+    def running_train_metrics(self) -> dict[str, float | None]:
+        """This epoch's train/loss and train/acc so far on this process, for the progress bar
+        (`litforge.callbacks.RichProgressBar`); None before a batch was counted here."""
+        if self._train_sums is None:
+            return {"train/loss": None, "train/acc": None}
+        loss_sum, correct, count = self._train_sums.tolist()
+        if not count:
+            return {"train/loss": None, "train/acc": None}
+        return {"train/loss": loss_sum / count, "train/acc": correct / count}
 
     def _epoch_sums(self) -> torch.Tensor:
         # Zeros, not nothing, where this process has no batch yet: every process must join
