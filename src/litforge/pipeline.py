@@ -28,12 +28,11 @@ import hydra.utils
 import lightning as L
 import torch
 from hydra.errors import InstantiationException
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelSummary
+from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.profilers import PassThroughProfiler
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from litforge import resume
-from litforge.callbacks import RichModelSummary
 from litforge.checks import check_config, check_pipeline_split, check_restartable
 from litforge.console import print_config, print_metrics, quiet_lightning
 from litforge.errors import UserError, one_line
@@ -111,13 +110,6 @@ def build_trainer(cfg: DictConfig) -> L.Trainer:
         # Lightning refuses a LearningRateMonitor without a logger (Lightning #17159, open).
         log.info("logger=none: the learning-rate monitor has nowhere to log, leaving it out.")
         callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
-    summary = {}
-    if cfg.trainer.get("enable_model_summary") is not False and not any(
-        isinstance(cb, ModelSummary) for cb in callbacks
-    ):
-        # Lightning's default summary, without its FLOPs (0 unless measured; see RichModelSummary).
-        callbacks.append(RichModelSummary())
-        summary["enable_model_summary"] = False  # (Lightning's own would be a second one)
     strategy = instantiate(cfg.strategy) if "_target_" in cfg.strategy else cfg.strategy.name
     return instantiate(
         cfg.trainer,
@@ -125,7 +117,6 @@ def build_trainer(cfg: DictConfig) -> L.Trainer:
         callbacks=callbacks,
         logger=loggers or False,
         profiler=cfg.trainer.get("profiler") or NoProfiler(),
-        **summary,
     )
 
 
