@@ -3,6 +3,7 @@ uploads answered 4xx while the server keeps serving, and the batched path of the
 camera-sized photos on models of 128 and 224 px, `server.timeout` on a slow model, and how the
 server stops (SIGTERM, Ctrl+C)."""
 
+import asyncio
 import contextlib
 import json
 import os
@@ -27,7 +28,7 @@ from helpers import (
 
 from litforge.errors import UserError
 from litforge.inference import InputContract, load_classifier, top_k
-from litforge.serve import ImageClassifierAPI, serve
+from litforge.serve import Answers, AnswerWithin, ImageClassifierAPI, serve
 
 LIMIT = 200_000  # server.max_body_bytes of the test server
 ANSWER_SECONDS = 30  # a photo's answer comes in well under 1 s: longer is a hung server
@@ -240,23 +241,26 @@ def test_photos_are_answered_alone_and_concurrently(tmp_path, size):
 @pytest.mark.slow
 def test_an_inference_slower_than_the_timeout_is_504_and_the_server_keeps_serving(tmp_path):
     checkpoint = write_cnn_checkpoint(
-        tmp_path / "big_224.ckpt", 224, channels=(64, 128, 256), kernel_size=9
+        tmp_path / "big_224.ckpt", 224, channels=(96, 192, 384), kernel_size=9
     )
-    # How long one inference takes on all of this machine's cores, as the server's one model
-    # process runs it: the server's timeout is a fifth of that.
+    # The server's timeout: a fifth of one inference on all of this machine's cores, as the
+    # server's one model process runs it (0.35 s on 2 idle cores). The fastest of three runs:
+    # other work on the machine only makes the server's inference slower than that.
     model = load_classifier(checkpoint)
     image = model.contract.prepare(photo(0))[None]
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)
     try:
         model.logits(image)  # the first call sets up kernels
-        start = time.monotonic()
-        model.logits(image)
-        seconds = time.monotonic() - start
+        runs = []
+        for _ in range(3):
+            start = time.monotonic()
+            model.logits(image)
+            runs.append(time.monotonic() - start)
     finally:
         torch.set_num_threads(threads)
-    timeout = round(seconds / 5, 3)
-    assert timeout >= 0.05, f"one inference took {seconds:.3f} s: make the network bigger"
+    timeout = round(min(runs) / 5, 3)
+    assert timeout >= 0.05, f"one inference took {min(runs):.3f} s: make the network bigger"
     overrides = [f"ckpt_path={checkpoint}", f"server.timeout={timeout}"]
     with running_server(tmp_path, *overrides) as (url, process, _):
         status, answer = post(f"{url}/predict", photo(1), timeout=ANSWER_SECONDS)
@@ -293,3 +297,29 @@ def test_sigterm_and_ctrl_c_stop_every_process_of_the_server_within_5_s(tmp_path
     text = output.read_text()
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
     assert "The server has stopped." in text
+
+
+def test_a_request_given_up_on_leaves_no_answer_behind():
+    """AnswerWithin on a handler that waits as LitServe's does (its uid in the response buffer):
+    504 at the timeout, and the uid out of the buffer, so that the late answer is dropped."""
+    answers = Answers()
+    answers["someone-else"] = "waiting"
+
+    async def handler(scope, receive, send):
+        answers["mine"] = "waiting"
+        await asyncio.Event().wait()  # the model's answer never comes
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    middleware = AnswerWithin(handler, "/predict", seconds=0.05, answers=answers)
+    scope = {"type": "http", "path": "/predict", "method": "POST", "headers": []}
+    asyncio.run(middleware(scope, receive, send))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 504
+    assert json.loads(sent[1]["body"]) == {"detail": "no answer within server.timeout=0.05 seconds"}
+    assert list(answers) == ["someone-else"]

@@ -6,6 +6,8 @@ batching).
   `{"label": ..., "probability": ..., "top_k": [{"label": ..., "probability": ...}, ...]}`.
 - `GET /health`: `ok` (200) once the model is loaded, `not ready` (503) before.
 - A body that is no image, empty, or over `server.max_body_bytes`: 400 or 413 with the reason.
+- No answer within `server.timeout` seconds of the request's arrival: 504 (`AnswerWithin`).
+- SIGTERM or Ctrl+C: every process of the server stops, requests in flight given `GRACE`.
 
 Uploads are read and decoded in the HTTP process (`image_from_request`), before they reach the
 model: LitServe answers a whole batch with the error of one bad request, so a bad upload must
