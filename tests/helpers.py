@@ -567,3 +567,75 @@ def predicted_accuracy(model_file: Path, mnist_dir: Path) -> float:
     images, labels = MNISTDataModule().load_split(Path(mnist_dir), train=False)
     logits = load_classifier(model_file).logits(images)
     return (logits.argmax(dim=1) == labels).float().mean().item()
+
+
+def write_cnn_checkpoint(
+    path: Path,
+    size: int,
+    channels: tuple[int, ...] = (8, 16),
+    kernel_size: int = 3,
+    class_names: tuple[str, ...] = ("bird", "cat", "dog"),
+) -> Path:
+    """A Lightning checkpoint (as train.py's ModelCheckpoint writes it) of an untrained CNN for
+    RGB images of `size`×`size`: what serving needs of a trained one, in a fraction of a second."""
+    from litforge.models import ClassificationModule
+    from litforge.resume import ResumeState
+
+    module = ClassificationModule(
+        net={
+            "_target_": "litforge.models.cnn.CNN",
+            "channels": list(channels),
+            "kernel_size": kernel_size,
+            "hidden_size": 16,
+        },
+        input_shape=[3, size, size],
+        num_classes=len(class_names),
+        optimizer={"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-3},
+        class_names=list(class_names),
+        channels_last=True,
+        mean=[0.48, 0.45, 0.4],
+        std=[0.23, 0.22, 0.22],
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        callbacks=[ResumeState()],  # the module's class, which serve.py rebuilds it from
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.strategy.connect(module)
+    trainer.save_checkpoint(path)
+    return path
+
+
+def photo(seed: int, width: int = 640, height: int = 480, file_format: str = "JPEG") -> bytes:
+    """A camera-sized RGB image file (smooth colour gradients and noise), encoded in memory."""
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x / width, y / height, (x + y) / (width + height)], axis=-1) * 200
+    pixels = base + rng.normal(0, 20, (height, width, 3)) + rng.integers(0, 50, 3)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(buffer, file_format)
+    return buffer.getvalue()
+
+
+def process_group(pgid: int) -> list[int]:
+    """The live processes (zombies left out) of process group `pgid`, from /proc."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # After the command's parentheses: state, ppid, pgrp, ...
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(entry.name))
+    return pids

@@ -1,33 +1,57 @@
 """`python serve.py ckpt_path=...`: real HTTP requests from concurrent clients on 127.0.0.1, bad
-uploads answered 4xx while the server keeps serving, and the batched path of the model process."""
+uploads answered 4xx while the server keeps serving, and the batched path of the model process;
+camera-sized photos on models of 128 and 224 px, `server.timeout` on a slow model, and how the
+server stops (SIGTERM, Ctrl+C)."""
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from helpers import ROOT, compose_config, free_port
+import torch
+from helpers import (
+    ROOT,
+    compose_config,
+    free_port,
+    photo,
+    process_group,
+    write_cnn_checkpoint,
+)
 
 from litforge.errors import UserError
-from litforge.inference import InputContract
-from litforge.serve import ImageClassifierAPI, serve
+from litforge.inference import InputContract, load_classifier, top_k
+from litforge.serve import Answers, AnswerWithin, ImageClassifierAPI, serve
 
 LIMIT = 200_000  # server.max_body_bytes of the test server
+ANSWER_SECONDS = 30  # a photo's answer comes in well under 1 s: longer is a hung server
 
 
-def post(url: str, body: bytes, content_type: str = "application/octet-stream"):
+def post(
+    url: str, body: bytes, content_type: str = "application/octet-stream", timeout: float = 60
+):
     """(status, decoded JSON answer) of a POST."""
     request = urllib.request.Request(url, data=body, headers={"Content-Type": content_type})
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read())
+
+
+def get(url: str, timeout: float = 10) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
 
 
 def multipart(field: str, filename: str, data: bytes) -> tuple[bytes, str]:
@@ -44,52 +68,67 @@ def multipart(field: str, filename: str, data: bytes) -> tuple[bytes, str]:
     return body, f"multipart/form-data; boundary={boundary}"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, trained_images):
-    """serve.py on the trained checkpoint, in its own process group; its URL once healthy."""
+@contextlib.contextmanager
+def running_server(log_dir, *overrides: str):
+    """serve.py with `overrides`, in its own process group (its id: the server's pid), output
+    into `log_dir`/output.txt; yields its URL, process and output file once /health says ok, and
+    stops all its processes at the end."""
     port = free_port()
-    log_dir = tmp_path_factory.mktemp("serve")
+    output = log_dir / "output.txt"
     process = subprocess.Popen(
         [
             sys.executable,
             "serve.py",
-            f"ckpt_path={trained_images.checkpoint}",
             f"server.port={port}",
-            f"server.max_body_bytes={LIMIT}",
-            "server.batch_timeout=0.05",  # wide enough for the concurrent requests to batch
             "server.accelerator=cpu",
             f"hydra.run.dir={log_dir}",
+            *overrides,
         ],
         cwd=ROOT,
-        stdout=(log_dir / "output.txt").open("w"),
+        stdout=output.open("w"),
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):  # up to ~2 minutes for the model process to load
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
-                    if response.read() == b"ok":
-                        break
-            except (urllib.error.URLError, ConnectionError):
-                pass
+        deadline = time.monotonic() + 120  # for the model process to load
+        while get_ok(f"{url}/health") is False:
+            if time.monotonic() > deadline:
+                pytest.fail(f"serve.py did not become healthy: {output.read_text()[-3000:]}")
             try:  # the pause between polls, ending early if the server died
                 process.wait(timeout=0.2)
-                output = (log_dir / "output.txt").read_text()
-                pytest.fail(f"serve.py exited {process.returncode}: {output[-3000:]}")
+                pytest.fail(f"serve.py exited {process.returncode}: {output.read_text()[-3000:]}")
             except subprocess.TimeoutExpired:
                 pass
-        else:
-            pytest.fail("serve.py did not become healthy")
-        yield url, process
+        yield url, process, output
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):  # whatever of the server is left
             os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def get_ok(url: str) -> bool:
+    try:
+        return get(url, timeout=5) == (200, b"ok")
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, trained_images):
+    """serve.py on the trained checkpoint; its URL and process once healthy."""
+    overrides = [
+        f"ckpt_path={trained_images.checkpoint}",
+        f"server.max_body_bytes={LIMIT}",
+        "server.batch_timeout=0.05",  # wide enough for the concurrent requests to batch
+    ]
+    with running_server(tmp_path_factory.mktemp("serve"), *overrides) as (url, process, _):
+        yield url, process
 
 
 @pytest.mark.slow
@@ -169,3 +208,118 @@ def test_taken_port_and_bad_host_are_one_line_errors(tmp_path, trained_images):
     cfg = compose_config("serve", tmp_path, ["ckpt_path=a.ckpt", "server.host=localhost"])
     with pytest.raises(UserError, match="server.host=localhost is not one LitServe binds to"):
         serve(cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [128, 224])
+def test_photos_are_answered_alone_and_concurrently(tmp_path, size):
+    """640x480 JPEG and PNG photos on an RGB model of `size` px (fitting them to it is work
+    torch splits over threads), one request, then eight at once: each gets the model's answer,
+    and the server stays healthy."""
+    checkpoint = write_cnn_checkpoint(tmp_path / f"cnn_{size}.ckpt", size)
+    photos = [photo(seed, file_format=("JPEG", "PNG")[seed % 2]) for seed in range(8)]
+    model = load_classifier(checkpoint)
+    expected = [
+        top_k(
+            model.logits(model.contract.prepare(data)[None]).softmax(dim=1), 3, model.class_names
+        )[0]
+        for data in photos
+    ]
+    with running_server(tmp_path, f"ckpt_path={checkpoint}") as (url, _, _):
+        answers = [post(f"{url}/predict", photos[0], timeout=ANSWER_SECONDS)]
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            answers += pool.map(
+                lambda data: post(f"{url}/predict", data, timeout=ANSWER_SECONDS), photos
+            )
+        assert get_ok(f"{url}/health")
+    for (status, answer), best in zip(answers, expected[:1] + expected, strict=True):
+        assert status == 200, answer
+        assert [entry["label"] for entry in answer["top_k"]] == [name for name, _ in best]
+        assert answer["probability"] == pytest.approx(best[0][1], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_an_inference_slower_than_the_timeout_is_504_and_the_server_keeps_serving(tmp_path):
+    checkpoint = write_cnn_checkpoint(
+        tmp_path / "big_224.ckpt", 224, channels=(96, 192, 384), kernel_size=9
+    )
+    # The server's timeout: a fifth of one inference on all of this machine's cores, as the
+    # server's one model process runs it (0.35 s on 2 idle cores). The fastest of three runs:
+    # other work on the machine only makes the server's inference slower than that.
+    model = load_classifier(checkpoint)
+    image = model.contract.prepare(photo(0))[None]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        model.logits(image)  # the first call sets up kernels
+        runs = []
+        for _ in range(3):
+            start = time.monotonic()
+            model.logits(image)
+            runs.append(time.monotonic() - start)
+    finally:
+        torch.set_num_threads(threads)
+    timeout = round(min(runs) / 5, 3)
+    assert timeout >= 0.05, f"one inference took {min(runs):.3f} s: make the network bigger"
+    overrides = [f"ckpt_path={checkpoint}", f"server.timeout={timeout}"]
+    with running_server(tmp_path, *overrides) as (url, process, _):
+        status, answer = post(f"{url}/predict", photo(1), timeout=ANSWER_SECONDS)
+        assert status == 504, answer
+        assert f"server.timeout={timeout:g}" in answer["detail"]
+        # The model process is still busy with it; the HTTP process answers meanwhile.
+        assert get_ok(f"{url}/health")
+        status, answer = post(f"{url}/predict", photo(2), timeout=ANSWER_SECONDS)
+        assert status == 504, answer
+        assert get_ok(f"{url}/health")
+        assert process.poll() is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGTERM", "Ctrl+C"])
+def test_sigterm_and_ctrl_c_stop_every_process_of_the_server_within_5_s(tmp_path, how):
+    checkpoint = write_cnn_checkpoint(tmp_path / "cnn_128.ckpt", 128)
+    with running_server(tmp_path, f"ckpt_path={checkpoint}") as (url, process, output):
+        status, answer = post(f"{url}/predict", photo(0), timeout=ANSWER_SECONDS)
+        assert status == 200, answer
+        started = process_group(process.pid)
+        assert len(started) >= 3, started  # this one, the HTTP and the model process (at least)
+        stop = time.monotonic() + 5
+        if how == "SIGTERM":  # `kill`, `docker stop`: the main process
+            os.kill(process.pid, signal.SIGTERM)
+        else:  # the terminal sends Ctrl+C's SIGINT to the whole foreground process group
+            os.killpg(process.pid, signal.SIGINT)
+        while process_group(process.pid) and time.monotonic() < stop:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # the pause between polls
+                process.wait(timeout=0.05)
+        left = process_group(process.pid)
+        assert not left, f"still running 5 s after {how}: {left} of {started}"
+        assert process.wait(timeout=1) == 0
+    text = output.read_text()
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    assert "The server has stopped." in text
+
+
+def test_a_request_given_up_on_leaves_no_answer_behind():
+    """AnswerWithin on a handler that waits as LitServe's does (its uid in the response buffer):
+    504 at the timeout, and the uid out of the buffer, so that the late answer is dropped."""
+    answers = Answers()
+    answers["someone-else"] = "waiting"
+
+    async def handler(scope, receive, send):
+        answers["mine"] = "waiting"
+        await asyncio.Event().wait()  # the model's answer never comes
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    middleware = AnswerWithin(handler, "/predict", seconds=0.05, answers=answers)
+    scope = {"type": "http", "path": "/predict", "method": "POST", "headers": []}
+    asyncio.run(middleware(scope, receive, send))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 504
+    assert json.loads(sent[1]["body"]) == {"detail": "no answer within server.timeout=0.05 seconds"}
+    assert list(answers) == ["someone-else"]

@@ -6,6 +6,8 @@ batching).
   `{"label": ..., "probability": ..., "top_k": [{"label": ..., "probability": ...}, ...]}`.
 - `GET /health`: `ok` (200) once the model is loaded, `not ready` (503) before.
 - A body that is no image, empty, or over `server.max_body_bytes`: 400 or 413 with the reason.
+- No answer within `server.timeout` seconds of the request's arrival: 504 (`AnswerWithin`).
+- SIGTERM or Ctrl+C: every process of the server stops, requests in flight given `GRACE`.
 
 Uploads are read and decoded in the HTTP process (`image_from_request`), before they reach the
 model: LitServe answers a whole batch with the error of one bad request, so a bad upload must
@@ -15,10 +17,15 @@ never get into a batch. The model process stacks whatever requests arrived withi
 
 # No `from __future__ import annotations`: FastAPI reads `decode_request`'s annotation as an object.
 
+import asyncio
+import contextvars
+import io
 import logging
+import multiprocessing
 import os
 import signal
 import socket
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,6 +33,7 @@ import litserve as ls
 import numpy as np
 import torch
 from fastapi import Depends, HTTPException, Request
+from fastapi.responses import JSONResponse
 from omegaconf import DictConfig
 from starlette.concurrency import run_in_threadpool
 
@@ -38,6 +46,10 @@ log = logging.getLogger(__name__)
 
 HOSTS = ("127.0.0.1", "0.0.0.0", "::")  # what LitServe binds to
 ACCELERATORS = ("auto", "cpu", "cuda", "mps")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl+C; `kill`, `docker stop`
+# Seconds the HTTP processes give requests in flight to finish once the server stops (LitServe's
+# 30 would keep a stopping server up that long behind one slow request).
+GRACE = 2.0
 
 
 async def _body(request: Request, limit: int) -> bytes:
@@ -77,11 +89,14 @@ async def image_from_request(request: Request) -> np.ndarray:
         data = await _form_file(request, data)
     if not data:
         raise HTTPException(400, "the request has no body: send the image file's bytes.")
-    try:
-        image = await run_in_threadpool(contract.prepare, data)
+    try:  # torch work off the event loop: /health and other requests are answered meanwhile
+        return await run_in_threadpool(_prepared_array, contract, data)
     except BadImageError as err:
         raise HTTPException(400, f"the body is not an image: {err}.") from None
-    return image.contiguous().numpy()
+
+
+def _prepared_array(contract: InputContract, data: bytes) -> np.ndarray:
+    return contract.prepare(data).contiguous().numpy()
 
 
 class ImageClassifierAPI(ls.LitAPI):
@@ -125,6 +140,62 @@ class ImageClassifierAPI(ls.LitAPI):
             "probability": best[0][1],
             "top_k": [{"label": name, "probability": p} for name, p in best],
         }
+
+
+class ModelProcessSignals(ls.Callback):
+    """Runs in the model process before `setup`: Ctrl+C reaches every process of the terminal's
+    process group, and the server's main process stops this one (SIGTERM) in its shutdown. A
+    KeyboardInterrupt here would print a traceback, and this process would die in the middle of
+    that shutdown."""
+
+    def on_before_setup(self, *args, **kwargs) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+# The uids of LitServe's response buffer that the request being answered added (see Answers).
+_request_uids: contextvars.ContextVar[list[str]] = contextvars.ContextVar("request_uids")
+
+
+class Answers(dict):
+    """LitServe's response buffer (uid → the answer to wait for), which records the uids each
+    request adds: a request given up (504) leaves its entry behind, and the model's late answer
+    would fill it and stay there for good."""
+
+    def __setitem__(self, uid: str, item: Any) -> None:
+        uids = _request_uids.get(None)
+        if uids is not None:
+            uids.append(uid)
+        super().__setitem__(uid, item)
+
+
+class AnswerWithin:
+    """ASGI middleware: a `path` request not answered within `seconds` of its arrival gets 504.
+    LitServe's own `timeout` only answers 504 to a request that waited that long in the queue
+    when the model process takes it: one whose inference runs longer would wait for good."""
+
+    def __init__(self, app, path: str, seconds: float, answers: Answers) -> None:
+        self.app, self.path, self.seconds, self.answers = app, path, seconds, answers
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] != self.path:
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def send_watched(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        uids = []
+        _request_uids.set(uids)  # wait_for's task runs in a copy of this context: the same list
+        try:
+            await asyncio.wait_for(self.app(scope, receive, send_watched), self.seconds)
+        except asyncio.TimeoutError:  # the builtin TimeoutError from Python 3.11 on
+            for uid in uids:  # the answer arriving later is dropped (LitServe skips unknown uids)
+                self.answers.pop(uid, None)
+            if not started:
+                detail = f"no answer within server.timeout={self.seconds:g} seconds"
+                await JSONResponse({"detail": detail}, status_code=504)(scope, receive, send)
 
 
 def check_settings(server: DictConfig, k: Any) -> None:
@@ -183,11 +254,34 @@ def serve(cfg: DictConfig) -> None:
     check_port_free(server_cfg.host, server_cfg.port)
     if cfg.extras.get("print_config"):
         print_config(cfg, save_to=Path(cfg.paths.output_dir) / "config_tree.log")
+    previous = {number: signal.getsignal(number) for number in STOP_SIGNALS}
+    for number in STOP_SIGNALS:
+        signal.signal(number, _stop_handler(os.getpid()))
+    try:
+        _serve(cfg, path, key)
+    except KeyboardInterrupt:  # before LitServe's run loop took over: stop what it started
+        _stop_children()
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    log.info("The server has stopped.")
+
+
+def _serve(cfg: DictConfig, path: Path, key: str) -> None:
+    server_cfg = cfg.server
+    # LitServe forks the HTTP processes from this one. GNU OpenMP's thread pool does not survive
+    # a fork: a child that runs a parallel torch op on the thread that forked waits forever for
+    # pool threads that don't exist in it (fitting a 640x480 photo to 128 px is such an op).
+    # With one thread torch starts no pool here, and the HTTP processes inherit the setting:
+    # they prepare each image on one thread (concurrent requests run in threads), leaving the
+    # cores to the model process, which is spawned (a fresh interpreter; threads set in `setup`).
+    torch.set_num_threads(1)
     # An unusable file is an error before the server starts. Only the contract and a few facts
-    # are kept here: the HTTP processes are forked from this one.
+    # are kept here.
     model = load_classifier(path, key=key)
     contract, kind, classes = model.contract, model.kind, len(model.class_names)
     del model
+    _warm_up(contract)
     api = ImageClassifierAPI(
         str(path),
         key,
@@ -199,24 +293,76 @@ def serve(cfg: DictConfig) -> None:
     accelerator = server_cfg.accelerator
     if kind == "onnx":
         accelerator = "cpu"  # onnxruntime's CPU provider
+    answers = Answers()
     server = ls.LitServer(
         api,
         accelerator=accelerator,
         workers_per_device=server_cfg.workers,
-        timeout=server_cfg.timeout,
+        timeout=server_cfg.timeout,  # LitServe's: for requests still queued after that long
+        callbacks=[ModelProcessSignals()],
+        middlewares=[
+            (
+                AnswerWithin,
+                {"path": api.api_path, "seconds": server_cfg.timeout, "answers": answers},
+            )
+        ],
     )
+    server.response_buffer = answers  # before the HTTP processes are forked: theirs
+    server.uvicorn_graceful_timeout = GRACE
     server.app.state.image_input = (contract, server_cfg.max_body_bytes)
     url = f"http://{server_cfg.host}:{server_cfg.port}"
     log.info(
         f"Serving {path} ({kind}, {classes} classes) at {url}/predict; "
         f"{url}/health answers ok once the model is loaded. Ctrl+C stops the server."
     )
-    # LitServe shuts its processes down on Ctrl+C (KeyboardInterrupt): `kill` and `docker stop`
-    # (SIGTERM) take the same way out, or the model and HTTP processes would outlive this one.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
     server.run(
         host=server_cfg.host,
         port=server_cfg.port,
         generate_client_file=False,  # LitServe would write client.py into the working directory
         log_level="warning",
     )
+
+
+def _warm_up(contract: InputContract) -> None:
+    """Prepare a small image here: the HTTP processes forked from this one inherit what that
+    imported (torchvision's decoders and transforms), which their first request would otherwise
+    wait for (seconds on a small machine, against `server.timeout`)."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 6)).save(buffer, "PNG")
+    contract.prepare(buffer.getvalue())
+
+
+def _stop_handler(server_pid: int):
+    """SIGINT and SIGTERM in the server's main process: a KeyboardInterrupt, on which LitServe
+    stops its processes (without it, `kill` and `docker stop` would leave them running)."""
+
+    def stop(number: int, frame) -> None:
+        if os.getpid() != server_pid:
+            # A process forked from this one (LitServe's HTTP processes): uvicorn puts this
+            # handler back after its own graceful shutdown and raises the signal again. End as
+            # the signal's default action does, with no KeyboardInterrupt traceback.
+            signal.signal(number, signal.SIG_DFL)
+            os.kill(os.getpid(), number)
+            return
+        # Once: a second signal would interrupt LitServe's shutdown (bounded: GRACE, then 5 s per
+        # model process) and leave processes behind.
+        for other in STOP_SIGNALS:
+            signal.signal(other, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    return stop
+
+
+def _stop_children(seconds: float = 5.0) -> None:
+    """Stop the processes LitServe started (a signal came before its run loop watched for one):
+    SIGTERM, then SIGKILL for any still there after `seconds`."""
+    children = multiprocessing.active_children()
+    for child in children:
+        child.terminate()
+    deadline = time.monotonic() + seconds
+    for child in children:
+        child.join(max(0.0, deadline - time.monotonic()))
+        if child.is_alive():
+            child.kill()
