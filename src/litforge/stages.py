@@ -3,12 +3,14 @@ network (`litforge.parallelize.split`) run by one of torch.distributed.pipelinin
 
 Each batch is cut into `strategy.microbatches` slices that flow through the stages one after
 another, so that all stages work at once after the first few. The schedule runs the backward
-pass itself (in `ClassificationModule.training_step`, in place of `manual_backward`). Gradients
-are averaged over the microbatches: a step equals one process accumulating the same microbatches.
+pass itself (`strategies.ModelParallelStrategy.training_step`, in place of Lightning's).
+Gradients are averaged over the microbatches: a step equals one process accumulating the same
+microbatches.
 
 Validation and test run forward only (`schedule.eval`). Only the last stage sees logits and
-losses; the module's metrics and sums count nothing on the other stages, and the reductions
-across processes add up the right totals.
+losses: the module's metrics count nothing on the other stages, and the reductions across
+processes add up the right totals; a training step's statistics go from the last stage to the
+others (`from_last_stage`).
 """
 
 from __future__ import annotations
@@ -121,6 +123,14 @@ class Pipeline:
         if not self.last:
             return None, None, labels
         return output, torch.stack(losses).mean(), labels
+
+    def from_last_stage(self, outputs: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+        """The last stage's step outputs (small CPU tensors), on every stage of this pipeline."""
+        box = [outputs]
+        last = torch.distributed.get_global_rank(self.group, self.group.size() - 1)
+        torch.distributed.broadcast_object_list(box, src=last, group=self.group)
+        loss = box[0].get("loss", torch.zeros(()))
+        return {**box[0], "loss": loss}
 
     def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
         """Logits for a batch (forward only) on the last stage; None on the others. A smaller

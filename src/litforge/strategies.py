@@ -231,6 +231,82 @@ class ModelParallelStrategy(
         self.microbatches = microbatches or 2 * pipeline_parallel_size
         self.schedule = schedule
 
+    pipeline = None  # litforge.stages.Pipeline, with pipeline_parallel_size > 1
+    _compile = False
+    _placed = False
+
+    def connect(self, model) -> None:
+        super().connect(model)
+        # Placement compiles, between tensor parallelism and FSDP2 (litforge.parallelize): the
+        # module must not compile its network first.
+        self._compile = self._compile or getattr(model, "compile_net", False)
+        model.compile_net = False
+
+    def setup(self, trainer) -> None:
+        # After the module's configure_model (channels-last weights), before Lightning moves
+        # the sharded network and builds the optimizers over its parameters.
+        if not self._placed:
+            self._placed = True
+            module = self.lightning_module
+            if self.pipeline_parallel_size > 1:
+                from litforge.stages import Pipeline
+
+                self.pipeline = Pipeline(
+                    module.net,
+                    self.device_mesh,
+                    self.schedule,
+                    self.microbatches,
+                    module.loss,
+                    self.root_device,
+                    compile=self._compile,
+                )
+            else:
+                from litforge.parallelize import parallelize
+
+                parallelize(module.net, self.device_mesh, compile=self._compile)
+        super().setup(trainer)
+
+    # --- pipeline steps: the schedule runs the forward and backward passes of all microbatches
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        if self.pipeline is not None:  # Lightning's zero_grad and backward: in training_step
+            loop = self.lightning_module.trainer.fit_loop.epoch_loop.automatic_optimization
+            loop._skip_backward = True  # private (Lightning 2.6): no public switch for it
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        if self.pipeline is None:
+            return super().training_step(*args, **kwargs)
+        (images, labels), module = args[0], self.lightning_module
+        module.optimizers().zero_grad()
+        logits, loss, labels = self.pipeline.train_step(images, labels)
+        outputs = None
+        if self.pipeline.last:
+            outputs = {"batch_size": torch.tensor(0.0)}
+            if logits is not None:
+                outputs = module.step_statistics(logits, labels, loss)
+                outputs = {k: v.detach().cpu() for k, v in outputs.items()}
+                outputs["batch_size"] = torch.tensor(float(len(labels)))
+        # Only the last stage has them: every process logs and shows the same (their averages
+        # over all processes are the last stages' averages).
+        return self.pipeline.from_last_stage(outputs)
+
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        if self.pipeline is None:
+            return super().validation_step(*args, **kwargs)
+        return self._evaluate("val", *args)
+
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        if self.pipeline is None:
+            return super().test_step(*args, **kwargs)
+        return self._evaluate("test", *args)
+
+    def _evaluate(self, stage: str, batch: Any, *args: Any) -> None:
+        images, labels = batch
+        logits = self.pipeline.forward(images, labels)
+        if logits is not None:  # the last stage counts; the others' metrics stay empty
+            self.lightning_module.update_metrics(stage, logits, labels)
+
     def _setup_distributed(self) -> None:
         self._init_restart_safe_process_group()
         super()._setup_distributed()

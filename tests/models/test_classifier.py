@@ -8,8 +8,10 @@ import lightning as L
 import pytest
 import torch
 from helpers import compose_config, predicted_accuracy, run_script, write_idx_dataset
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from torch.utils.data import DataLoader, TensorDataset
 
+from litforge.callbacks import EpochStatistics
 from litforge.errors import UserError
 from litforge.models import ClassificationModule
 from litforge.pipeline import evaluate
@@ -64,8 +66,8 @@ def test_compiled_run_checkpoint_loads_into_eager_eval(tmp_path):
     assert predicted == pytest.approx(trained["test/acc"], abs=1e-6)
 
 
-# The module steps its optimizer itself (training_step); what the Trainer's settings ask for
-# must hold under it: accumulation, clipping, mixed precision, schedulers. Small in-process fits.
+# Lightning steps the module's optimizer (automatic optimization): what the Trainer's settings
+# ask for holds: accumulation, clipping, mixed precision, schedulers. Small in-process fits.
 MLP = {"_target_": "litforge.models.mlp.MLP", "hidden_sizes": [16], "batch_norm": False}
 
 
@@ -127,8 +129,7 @@ def test_gradients_are_clipped(algorithm):
 
 
 def test_a_module_fits_again_with_clipping_and_accumulation():
-    # Lightning refuses both for a module that steps its optimizer itself, and checks that
-    # before configure_model; a second fit (fine-tuning, a notebook) must pass that check too.
+    # A second fit (fine-tuning, a notebook) with the settings of the first.
     model, _ = fit(batch_size=16, gradient_clip_val=1e-3, accumulate_grad_batches=2)
     loader = DataLoader(TensorDataset(torch.randn(32, 1, 4, 4), torch.randint(0, 3, (32,))), 16)
     again = L.Trainer(
@@ -152,7 +153,8 @@ def test_bf16_mixed_precision_runs_the_network_in_bfloat16():
         def on_train_batch_start(self, trainer, pl_module, *args) -> None:
             pl_module.net.register_forward_hook(lambda m, i, out: dtypes.add(out.dtype))
 
-    model, trainer = fit(batch_size=16, precision="bf16-mixed", callbacks=[Record()])
+    statistics = EpochStatistics()
+    model, trainer = fit(batch_size=16, precision="bf16-mixed", callbacks=[Record(), statistics])
     assert dtypes == {torch.bfloat16}
     assert trainer.global_step == 4 and torch.isfinite(trainer.callback_metrics["train/loss"])
 
@@ -187,7 +189,7 @@ def test_reduce_on_plateau_steps_on_its_monitored_metric():
     _, trainer = fit(batch_size=16, scheduler=scheduler, epochs=3)
     assert lr(trainer) == pytest.approx(0.1 * 0.5**2)
     missing = {**scheduler, "monitor": "val/nothing"}
-    with pytest.raises(UserError, match="monitor=val/nothing was not logged"):
+    with pytest.raises(MisconfigurationException, match="conditioned on metric val/nothing"):
         fit(batch_size=16, scheduler=missing, epochs=1)
     unset = {k: v for k, v in scheduler.items() if k != "monitor"}
     with pytest.raises(UserError, match=r"model.scheduler.monitor is not set. Add \+model"):

@@ -149,7 +149,7 @@ class ClassificationModule(L.LightningModule):
             )
 
         # Validation and test use TorchMetrics (synced across processes); training statistics
-        # are cheaper running sums (see training_step).
+        # are epoch averages of what training_step returns (callbacks.EpochStatistics).
         self.val_metrics = metrics("val/")
         self.test_metrics = metrics("test/")
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
@@ -157,206 +157,67 @@ class ClassificationModule(L.LightningModule):
         self.test_confusion_matrix: torch.Tensor | None = None
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # part of the checkpoint, so a resumed run keeps it
-        self._train_sums: torch.Tensor | None = None  # loss × n, correct, n over this epoch
-        self._pipeline = None  # litforge.stages.Pipeline under strategy.pipeline_parallel_size > 1
-
-    @property
-    def automatic_optimization(self) -> bool:
-        # False under the Trainer whose configure_model call this module had: Lightning checks
-        # what it refuses to a module that steps itself (clipping, accumulation) when a fit
-        # starts, before configure_model, so a new Trainer (a second fit) must see True there.
-        return self._trainer is None or self._trainer is not getattr(self, "_stepping_for", None)
 
     def configure_model(self) -> None:
-        # Lightning calls this once the strategy is set up, on every run (fit, test, ...), and
-        # after it checked the Trainer's settings against the module's: see training_step.
-        self._stepping_for = self._trainer  # see automatic_optimization
+        # Lightning calls this on every run (fit, test, ...), once the strategy is set up.
         if getattr(self, "_configured", False):
             return
         self._configured = True
         if self.hparams.channels_last:  # NHWC weights: ~1.6x faster convolutions on CPUs
             self.net.to(memory_format=torch.channels_last)
-        strategy = self.trainer.strategy if self._trainer is not None else None
-        if self.device_mesh is not None and getattr(strategy, "pipeline_parallel_size", 1) > 1:
-            from litforge.stages import Pipeline
-
-            # The schedule runs the forward and backward passes of all microbatches.
-            self._pipeline = Pipeline(
-                self.net,
-                self.device_mesh,
-                strategy.schedule,
-                strategy.microbatches,
-                self._training_loss,
-                strategy.root_device,
-                compile=self.compile_net,
-            )
-        elif self.device_mesh is not None:  # strategy=model_parallel: FSDP2 / tensor parallel
-            from litforge.parallelize import parallelize
-
-            parallelize(self.net, self.device_mesh, compile=self.compile_net)
-        elif self.compile_net:
+        if self.compile_net:
             # In place: parameter names and state_dict keys keep no `_orig_mod.` prefix.
             self.net.compile()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
-    def _training_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        # Validation and test losses stay unweighted: comparable with and without balancing.
+    def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The training loss. (Validation and test losses stay unweighted: comparable with and
+        without `data.balance=loss`.)"""
         return F.cross_entropy(logits, y, weight=self.class_weights)
 
-    # The optimizer is stepped here rather than by Lightning's automatic optimization, whose
-    # closure and extra hooks cost ~0.6 ms a step: as much as a small network's whole step on
-    # a CPU (benchmarks/epoch_time.py). What the Trainer's settings ask for is kept: gradient
-    # accumulation (`trainer.accumulate_grad_batches`), clipping (`trainer.gradient_clip_val`,
-    # in on_before_optimizer_step), mixed precision (`manual_backward` and the optimizer's
-    # `step` go through Lightning's precision plugin) and the learning-rate schedulers.
-    # Lightning refuses the first two for a module that steps its own optimizer, but checks
-    # that before `configure_model`, where this module switches over (automatic_optimization).
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int):
         x, y = batch
-        optimizer = self.optimizers()
-        accumulate = self.trainer.accumulate_grad_batches
-        # (A loader without a length, e.g. an async parameter server's, ends when it ends.)
-        last_batch = batch_idx + 1 == self.trainer.num_training_batches or (
-            self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
-        )
-        steps = (batch_idx + 1) % accumulate == 0 or last_batch  # as Lightning does
-        if batch_idx % accumulate == 0:
-            optimizer.zero_grad()
-        if self._pipeline is not None:
-            # Forward and backward; logits and loss only on the last stage (rank 0 holds the
-            # first, so no step loss is logged on this path: the epoch's train/loss is).
-            logits, loss, y = self._pipeline.train_step(x, y)
-        else:
-            logits = self(x)
-            loss = self._training_loss(logits, y)
-            if steps:
-                self.manual_backward(loss / accumulate)
-            else:  # gradients still being accumulated: no all-reduce across processes yet
-                with optimizer.toggle_model(sync_grad=False):
-                    self.manual_backward(loss / accumulate)
-            # The per-step loss only on the steps the logger writes anyway.
-            if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
-                # (Not on the progress bar: it shows the epoch's running train/loss.)
-                self.log("train/loss_step", loss, on_step=True, on_epoch=False)
-        if steps:
-            optimizer.step()
-            self._step_schedulers("step", batch_idx + 1)
-        if last_batch:  # before validation and the epoch's checkpoint, as Lightning does
-            self._step_schedulers("epoch", self.current_epoch + 1)
-        if logits is None:  # a value all the same: callbacks compare it across processes
-            return torch.zeros((), device=self.device)
-        self._add_to_epoch_sums(logits, loss, y)
-        return loss.detach()
+        logits = self(x)
+        return self.step_statistics(logits, y, self.loss(logits, y))
 
-    def on_before_optimizer_step(self, optimizer) -> None:
-        # Lightning calls this hook after mixed precision unscaled the gradients.
-        self.configure_gradient_clipping(
-            optimizer, self.trainer.gradient_clip_val, self.trainer.gradient_clip_algorithm
-        )
+    def step_statistics(
+        self, logits: torch.Tensor, y: torch.Tensor, loss: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """What a training step yields: the `loss` to minimize and the batch's statistics, each
+        averaged over the epoch and logged as `train/<name>` (`callbacks.EpochStatistics`: one
+        log call an epoch, not one a step). Add a training statistic here."""
+        return {"loss": loss, "acc": (logits.argmax(dim=1) == y).float().mean()}
 
-    def _step_schedulers(self, interval: str, count: int, on_plateau: bool = False) -> None:
-        """Step the schedulers of this `interval` whose `frequency` divides `count` (the batch
-        of the epoch or the epoch, from 1), as Lightning would. ReduceLROnPlateau steps once an
-        epoch, after validation (`on_plateau`), on the value of `model.scheduler.monitor`."""
-        for config in self.trainer.lr_scheduler_configs:
-            plateau = isinstance(config.scheduler, ReduceLROnPlateau)
-            if plateau != on_plateau or count % config.frequency:
-                continue
-            if not plateau and config.interval != interval:
-                continue
-            value = None
-            if plateau:
-                monitor = self.hparams.scheduler.get("monitor")
-                value = self.trainer.callback_metrics.get(monitor)
-                if value is None:
-                    raise UserError(
-                        f"model.scheduler.monitor={monitor} was not logged by epoch "
-                        f"{self.current_epoch}, and ReduceLROnPlateau steps on it. Logged: "
-                        f"{', '.join(sorted(self.trainer.callback_metrics))}."
-                    )
-            self.lr_scheduler_step(config.scheduler, value)
-
-    def _add_to_epoch_sums(self, logits: torch.Tensor, loss: torch.Tensor, y: torch.Tensor):
-        # Epoch statistics as running sums: `self.log` costs ~1 ms a call on a CPU, a metric
-        # object's update ~0.8 ms; these additions cost microseconds.
-        with torch.no_grad():
-            n = torch.tensor(len(y), device=loss.device)
-            correct = (logits.argmax(dim=1) == y).sum()
-            sums = torch.stack([loss.detach() * n, correct, n]).float()
-            self._train_sums = sums if self._train_sums is None else self._train_sums + sums
-
-    def on_train_epoch_start(self) -> None:
-        self._train_sums = None
-
-    def running_train_metrics(self) -> dict[str, float | None]:
-        """This epoch's train/loss and train/acc so far on this process, for the progress bar
-        (`litforge.callbacks.RichProgressBar`); None before a batch was counted here."""
-        if self._train_sums is None:
-            return {"train/loss": None, "train/acc": None}
-        loss_sum, correct, count = self._train_sums.tolist()
-        if not count:
-            return {"train/loss": None, "train/acc": None}
-        return {"train/loss": loss_sum / count, "train/acc": correct / count}
-
-    def _epoch_sums(self) -> torch.Tensor:
-        # Zeros, not nothing, where this process has no batch yet: every process must join
-        # the reductions below, or the others wait for it.
-        if self._train_sums is None:
-            return torch.zeros(3, device=self.device)
-        return self._train_sums
-
-    # The epoch's sums so far travel with a mid-epoch checkpoint (a kill, a SIGTERM, or
-    # `every_n_train_steps`), so that a resumed epoch reports the same train/loss and train/acc.
-    # Summed over processes when saving (all of them save together); loaded into rank 0.
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if self._trainer is not None and self.trainer.state.fn == "fit":
-            total = self.trainer.strategy.reduce(self._epoch_sums().clone(), reduce_op="sum")
-            checkpoint["train_epoch_sums"] = total.cpu()
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        sums = checkpoint.get("train_epoch_sums")
-        if sums is not None:
-            rank = self._trainer.global_rank if self._trainer is not None else 0
-            self._train_sums = sums.to(self.device) if rank == 0 else torch.zeros_like(sums)
-
-    def on_train_epoch_end(self) -> None:
-        self._step_schedulers("epoch", self.current_epoch + 1, on_plateau=True)
-        # Summed over all processes, then divided: exact under DDP however batches fall. (A
-        # copy: the reduction works in place.)
-        total = self.trainer.strategy.reduce(self._epoch_sums().clone(), reduce_op="sum")
-        loss_sum, correct, count = total
-        if count == 0:
-            return
-        self.log("train/loss", loss_sum / count, prog_bar=True)
-        self.log("train/acc", correct / count, prog_bar=True)
-
-    def _evaluate(self, batch, metrics: MetricCollection, loss: MeanMetric) -> torch.Tensor | None:
+    def validation_step(self, batch, batch_idx: int) -> None:
         x, y = batch
-        logits = self._pipeline.forward(x, y) if self._pipeline is not None else self(x)
-        if logits is None:  # a pipeline stage before the last: nothing to count here
-            return None
+        self.update_metrics("val", self(x), y)
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        x, y = batch
+        self.update_metrics("test", self(x), y)
+
+    def update_metrics(self, stage: str, logits: torch.Tensor, y: torch.Tensor) -> None:
+        """Count a batch's logits into the `stage` ("val" or "test") metrics."""
+        metrics, loss = (
+            (self.val_metrics, self.val_loss)
+            if stage == "val"
+            else (self.test_metrics, self.test_loss)
+        )
         loss.update(F.cross_entropy(logits, y), weight=len(y))
         metrics.update(logits, y)
-        return logits
+        if stage == "test":
+            self.test_confusion.update(logits, y)
 
     def _log_evaluation(self, metrics: MetricCollection, loss: MeanMetric, prefix: str) -> dict:
-        # Logged once per epoch rather than every step (each `self.log` costs ~1 ms on a CPU).
+        # Logged once per epoch rather than every step (each `self.log` costs ~0.25 ms on a CPU).
         # `compute()` syncs the metric states across processes itself.
         values = {**metrics.compute(), f"{prefix}/loss": loss.compute()}
         metrics.reset()
         loss.reset()
         self.log_dict(values, prog_bar=True)
         return values
-
-    def validation_step(self, batch, batch_idx: int) -> None:
-        self._evaluate(batch, self.val_metrics, self.val_loss)
-
-    def test_step(self, batch, batch_idx: int) -> None:
-        logits = self._evaluate(batch, self.test_metrics, self.test_loss)
-        if logits is not None:
-            self.test_confusion.update(logits, batch[1])
 
     def on_validation_epoch_end(self) -> None:
         values = self._log_evaluation(self.val_metrics, self.val_loss, "val")
@@ -376,14 +237,15 @@ class ClassificationModule(L.LightningModule):
         if not self.hparams.scheduler:
             return {"optimizer": optimizer}
         scheduler_cfg = dict(self.hparams.scheduler)
-        # Lightning's scheduler settings ride along in the same config (`monitor`: what a
-        # ReduceLROnPlateau steps on, read by _step_schedulers); the rest builds it.
-        scheduler_cfg.pop("monitor", None)
+        # Lightning's scheduler settings ride along in the same config (`interval`, `frequency`;
+        # `monitor`: what a ReduceLROnPlateau steps on); the rest builds the scheduler.
         lightning_keys = {
-            k: scheduler_cfg.pop(k) for k in ("interval", "frequency") if k in scheduler_cfg
+            k: scheduler_cfg.pop(k)
+            for k in ("interval", "frequency", "monitor")
+            if k in scheduler_cfg
         }
         scheduler = instantiate(scheduler_cfg)(optimizer=optimizer)
-        if isinstance(scheduler, ReduceLROnPlateau) and not self.hparams.scheduler.get("monitor"):
+        if isinstance(scheduler, ReduceLROnPlateau) and "monitor" not in lightning_keys:
             raise UserError(
                 "model.scheduler: ReduceLROnPlateau steps on a logged metric, and "
                 "model.scheduler.monitor is not set. Add +model.scheduler.monitor=val/loss "
