@@ -5,10 +5,10 @@ import pytest
 import torch
 from helpers import CONF, compose_config, write_image_folder
 from hydra.utils import get_class
-from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import OmegaConf, open_dict
 
 from hydra_plugins.litforge.optuna_sweeper import OptunaSweeper, _has_key
+from litforge.callbacks import LearningRateMonitor
 from litforge.data.streaming import optimize_folder
 from litforge.errors import UserError
 from litforge.pipeline import build_datamodule, build_model, build_trainer, start

@@ -12,6 +12,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import LearningRateMonitor as _LightningLearningRateMonitor
 from lightning.pytorch.callbacks import RichModelSummary as _LightningRichModelSummary
 from lightning.pytorch.callbacks import RichProgressBar as _LightningRichProgressBar
 from lightning.pytorch.utilities.data import extract_batch_size
@@ -214,6 +215,25 @@ class LogRunConfig(L.Callback):
         config = {**self.config, "batch_size": {"per_device": per_device, "global": total}}
         for logger in trainer.loggers:
             logger.log_hyperparams(config)
+
+
+class LearningRateMonitor(_LightningLearningRateMonitor):
+    """Lightning's, which logs `logging_interval: epoch` rates when an epoch starts. An epoch
+    resumed mid-way (`ckpt_path=last` after a kill) has no start of its own: its rates go into
+    the run's metrics (metrics.json, the progress bar) without a second row in the logs, where
+    the run it continues wrote them when the epoch started."""
+
+    _epoch_seen = -1
+
+    def on_train_epoch_start(self, trainer, *args, **kwargs) -> None:
+        self._epoch_seen = trainer.current_epoch
+        super().on_train_epoch_start(trainer, *args, **kwargs)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.logging_interval == "epoch" and self._epoch_seen != trainer.current_epoch:
+            self._epoch_seen = trainer.current_epoch
+            self._extract_stats(trainer, "epoch")  # into trainer.callback_metrics only
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
 
 
 class StopOnNonFiniteLoss(L.Callback):
