@@ -42,7 +42,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
 
 from litforge.errors import UserError
-from litforge.strategies import ReportsLostProcesses, SharesRankZeroBuffers
+from litforge.strategies import ReportsLostProcesses
 
 log = logging.getLogger(__name__)
 
@@ -477,6 +477,25 @@ class JobEpoch:
 
 def _cpu(state: dict) -> dict:
     return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+
+class SharesRankZeroBuffers:
+    """Every process validates and tests with rank 0's buffers (batch norm statistics), as a
+    resumed run does with the checkpoint's: DDP's wrapper would broadcast them before a forward
+    pass, and workers of a parameter server have none."""
+
+    def on_validation_start(self) -> None:
+        super().on_validation_start()
+        self._share_rank_zero_buffers()
+
+    def on_test_start(self) -> None:
+        super().on_test_start()
+        self._share_rank_zero_buffers()
+
+    def _share_rank_zero_buffers(self) -> None:
+        if self.world_size > 1:
+            for buffer in self.lightning_module.buffers():
+                torch.distributed.broadcast(buffer, src=0)
 
 
 class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _LightningDDPStrategy):

@@ -112,26 +112,6 @@ class ReportingLauncher(_SubprocessScriptLauncher):
         return function(*args, **kwargs)
 
 
-class SharesRankZeroBuffers:
-    """Every process validates and tests with rank 0's buffers (batch norm statistics), as a
-    resumed run does with the checkpoint's. DDP would broadcast them before each forward pass,
-    but Lightning turns that off around every step of a module that steps its own optimizer
-    (and a parameter server has no DDP wrapper at all): done once here instead."""
-
-    def on_validation_start(self) -> None:
-        super().on_validation_start()
-        self._share_rank_zero_buffers()
-
-    def on_test_start(self) -> None:
-        super().on_test_start()
-        self._share_rank_zero_buffers()
-
-    def _share_rank_zero_buffers(self) -> None:
-        if self.world_size > 1:
-            for buffer in self.lightning_module.buffers():
-                torch.distributed.broadcast(buffer, src=0)
-
-
 class SurvivesRestarts:
     """Under torchrun, the process group meets in `elastic.restart_safe_store`: the workers
     torchrun restarts after a failure find each other, not the addresses of the dead ones.
@@ -177,9 +157,7 @@ def _is_communication_error(exception: BaseException) -> bool:
     )
 
 
-class DDPStrategy(
-    ReportsLostProcesses, SharesRankZeroBuffers, SurvivesRestarts, _LightningDDPStrategy
-):
+class DDPStrategy(ReportsLostProcesses, SurvivesRestarts, _LightningDDPStrategy):
     """Lightning's DDP, with its communication hook attached on every device.
 
     Lightning (2.6.6) registers `ddp_comm_hook` (gradient compression: fp16, bf16, PowerSGD) only
