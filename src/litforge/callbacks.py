@@ -8,6 +8,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -25,6 +26,7 @@ from rich.progress import ProgressColumn, Task
 from rich.table import Table
 from rich.text import Text
 
+from litforge import plots
 from litforge.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -337,3 +339,70 @@ class EpochStatistics(L.Callback):
         self.names, sums = list(state_dict["names"]), state_dict["sums"]
         rank = self._trainer.global_rank if self._trainer is not None else 0
         self.sums = sums if rank == 0 else torch.zeros_like(sums)
+
+
+class ClassificationPlots(L.Callback):
+    """`<dirpath>/curves.png` (train and validation loss and accuracy per epoch) after training
+    and `<dirpath>/confusion_matrix.png` after testing, on rank 0; also sent to TensorBoard and
+    Weights & Biases when they log. Needs no logger: the epochs are recorded here, and kept in
+    checkpoints so that a resumed run draws all of them.
+
+    An epoch's statistics may be logged after this callback's `on_train_epoch_end` (by the
+    module, or a callback listed after this one): the epoch is recorded at the next chance
+    instead (the next epoch's start, the end of training, or a checkpoint being written).
+    """
+
+    NAMES = ("train/loss", "train/acc", "val/loss", "val/acc")
+
+    def __init__(self, dirpath: str) -> None:
+        self.dirpath = Path(dirpath)
+        self.epochs: dict[int, dict[str, float]] = {}
+        self._ended: int | None = None  # an epoch whose statistics are yet to be read
+        self._trainer: L.Trainer | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._trainer = trainer
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._ended = trainer.current_epoch
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._record()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._record()
+        if trainer.is_global_zero and self.epochs:
+            path = self.dirpath / "curves.png"
+            self._publish(trainer, plots.curves(self.epochs, path), path)
+
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        matrix = getattr(pl_module, "test_confusion_matrix", None)  # ClassificationModule's
+        if trainer.is_global_zero and matrix is not None:
+            names = pl_module.hparams.class_names or [str(i) for i in range(len(matrix))]
+            path = self.dirpath / "confusion_matrix.png"
+            self._publish(trainer, plots.confusion_matrix(matrix, names, path), path)
+
+    @staticmethod
+    def _publish(trainer: L.Trainer, figure: Any, path: Path) -> None:
+        from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_figure(path.stem, figure)
+            elif isinstance(logger, WandbLogger):
+                logger.log_image(key=path.stem, images=[str(path)])
+        plots.close(figure)
+
+    def _record(self) -> None:
+        if self._ended is None or self._trainer is None:
+            return
+        metrics = self._trainer.callback_metrics
+        self.epochs[self._ended] = {n: float(metrics[n]) for n in self.NAMES if n in metrics}
+        self._ended = None
+
+    def state_dict(self) -> dict[str, Any]:
+        self._record()  # checkpoints are written after the module's epoch-end hook
+        return {"epochs": self.epochs}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.epochs = dict(state_dict["epochs"])

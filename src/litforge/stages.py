@@ -51,7 +51,7 @@ def own_stages(pipeline_rank: int, pipeline_size: int, schedule: str) -> list[in
     return list(range(pipeline_rank, num_stages(pipeline_size, schedule), pipeline_size))
 
 
-class Pipeline:
+class Stages:
     """This process's stages of `net` and the schedule that runs them with the other processes
     of `mesh["pipeline_parallel"]`."""
 

@@ -209,7 +209,7 @@ class ModelParallelStrategy(
         self.microbatches = microbatches or 2 * pipeline_parallel_size
         self.schedule = schedule
 
-    pipeline = None  # litforge.stages.Pipeline, with pipeline_parallel_size > 1
+    pipeline = None  # litforge.stages.Stages, with pipeline_parallel_size > 1
     _compile = False
     _placed = False
 
@@ -227,9 +227,9 @@ class ModelParallelStrategy(
             self._placed = True
             module = self.lightning_module
             if self.pipeline_parallel_size > 1:
-                from litforge.stages import Pipeline
+                from litforge.stages import Stages
 
-                self.pipeline = Pipeline(
+                self.pipeline = Stages(
                     module.net,
                     self.device_mesh,
                     self.schedule,
