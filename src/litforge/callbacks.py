@@ -243,7 +243,7 @@ class StopOnNonFiniteLoss(L.Callback):
     checkpoints of earlier epochs stay as they were (nothing is saved from broken weights)."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if loss is None:
             return
         bad = not bool(torch.isfinite(loss.detach()))
@@ -291,17 +291,18 @@ class EpochStatistics(L.Callback):
         if not isinstance(outputs, Mapping):
             outputs = {"loss": outputs} if isinstance(outputs, torch.Tensor) else {}
         values = {k: v for k, v in outputs.items() if k != "batch_size"}
-        if not values:
-            return
         n = outputs.get("batch_size", extract_batch_size(batch))
+        if not values or not n:
+            return
         self.names = self.names or list(values)
         with torch.no_grad():
             step = torch.stack([values[k].detach().float().reshape(()) for k in self.names])
             # Lightning hands on the loss divided by trainer.accumulate_grad_batches
             step[self.names.index("loss")] *= trainer.accumulate_grad_batches
             weighted = torch.cat([step * n, step.new_tensor([n])])
-        self.sums = weighted if self.sums is None else self.sums + weighted
-        if n and (trainer.global_step + 1) % trainer.log_every_n_steps == 0:
+        self.sums = weighted if self.sums is None else self.sums.to(weighted.device) + weighted
+        # (Private: the loggers' own test of a step they write, Lightning 2.6)
+        if trainer._logger_connector.should_update_logs:
             for name, value in zip(self.names, step, strict=True):
                 pl_module.log(f"{self.prefix}{name}_step", value, on_step=True, on_epoch=False)
 

@@ -96,7 +96,7 @@ def _exists(group: str, option: str) -> bool:
 
 # Lightning's console output that says nothing about this run.
 _NOISE_WARNINGS = (
-    # Only about step-level logs, which the module writes every `log_every_n_steps` steps
+    # Only about step-level logs, which are written every `log_every_n_steps` steps
     # counted across epochs: an epoch shorter than that still logs them, and its epoch metrics.
     (
         r"The number of training batches \(\d+\) is smaller than the logging interval",

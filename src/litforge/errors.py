@@ -107,12 +107,9 @@ def one_line(err: BaseException) -> str | None:
             near = difflib.get_close_matches(unexpected[1], accepted, n=3)
             message += f"; did you mean {', '.join(near)}?" if near else f"; it takes {accepted}"
         return f"{where}{message} (in {target})"
-    # Lightning's own word for a setting that cannot work (a scheduler's monitor not logged...)
-    lightning = sys.modules.get("lightning.fabric.utilities.exceptions")
-    if lightning and (
-        found := next((e for e in chain if type(e) is lightning.MisconfigurationException), None)
-    ):
-        return str(found).strip().splitlines()[0]
+    if monitored := next((e for e in chain if "conditioned on metric" in str(e)), None):
+        # Lightning's: a ReduceLROnPlateau's monitor that the run does not log
+        return f"model.scheduler.monitor: {str(monitored).split('. Condition can')[0]}."
     if missing := next((e for e in chain if isinstance(e, MissingMandatoryValue)), None):
         return _missing_value(str(missing.full_key))
     if isinstance(err, (HydraException, OmegaConfBaseException)):

@@ -3,8 +3,9 @@ pipeline split → tensor parallel → compile → FSDP2 (torchtitan's order).
 
 `strategy=model_parallel` (`litforge.strategies.ModelParallelStrategy`) builds a mesh named
 `pipeline_parallel` × `data_parallel` × `tensor_parallel` (the first only when
-`strategy.pipeline_parallel_size` > 1); `ClassificationModule.configure_model` hands it to
-`parallelize`. The networks themselves (`models/mlp.py`, `models/cnn.py`) know nothing of this.
+`strategy.pipeline_parallel_size` > 1) and hands it to `parallelize` with the module's `net`
+before the optimizers are built. The networks themselves (`models/mlp.py`, `models/cnn.py`)
+know nothing of this.
 
 A pipeline split keeps a stage's layers where they are and puts `nn.Identity` in place of the
 others: parameter names stay the full network's, so the shards of all stages make up exactly the

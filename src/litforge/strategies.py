@@ -223,9 +223,11 @@ class ModelParallelStrategy(
     def setup(self, trainer) -> None:
         # After the module's configure_model (channels-last weights), before Lightning moves
         # the sharded network and builds the optimizers over its parameters.
-        if not self._placed:
+        module = self.lightning_module
+        # A module with a `net` (ClassificationModule's) is placed here; another places itself
+        # in its configure_model, as Lightning's documentation has it.
+        if not self._placed and hasattr(module, "net"):
             self._placed = True
-            module = self.lightning_module
             if self.pipeline_parallel_size > 1:
                 from litforge.stages import Stages
 
@@ -249,14 +251,15 @@ class ModelParallelStrategy(
     def on_train_start(self) -> None:
         super().on_train_start()
         if self.pipeline is not None:  # Lightning's zero_grad and backward: in training_step
-            loop = self.lightning_module.trainer.fit_loop.epoch_loop.automatic_optimization
-            loop._skip_backward = True  # private (Lightning 2.6): no public switch for it
+            # (Private, as Lightning's own StochasticWeightAveraging uses it: no public switch.)
+            self.lightning_module.trainer.fit_loop._skip_backward = True
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         if self.pipeline is None:
             return super().training_step(*args, **kwargs)
-        (images, labels), module = args[0], self.lightning_module
-        module.optimizers().zero_grad()
+        (images, labels), batch_idx, module = args[0], args[1], self.lightning_module
+        if batch_idx % module.trainer.accumulate_grad_batches == 0:
+            module.optimizers().zero_grad()
         logits, loss, labels = self.pipeline.train_step(images, labels)
         outputs = None
         if self.pipeline.last:

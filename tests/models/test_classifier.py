@@ -11,7 +11,6 @@ from helpers import compose_config, predicted_accuracy, run_script, write_idx_da
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from torch.utils.data import DataLoader, TensorDataset
 
-from litforge.callbacks import EpochStatistics
 from litforge.errors import UserError
 from litforge.models import ClassificationModule
 from litforge.pipeline import evaluate
@@ -153,8 +152,7 @@ def test_bf16_mixed_precision_runs_the_network_in_bfloat16():
         def on_train_batch_start(self, trainer, pl_module, *args) -> None:
             pl_module.net.register_forward_hook(lambda m, i, out: dtypes.add(out.dtype))
 
-    statistics = EpochStatistics()
-    model, trainer = fit(batch_size=16, precision="bf16-mixed", callbacks=[Record(), statistics])
+    model, trainer = fit(batch_size=16, precision="bf16-mixed", callbacks=[Record()])
     assert dtypes == {torch.bfloat16}
     assert trainer.global_step == 4 and torch.isfinite(trainer.callback_metrics["train/loss"])
 

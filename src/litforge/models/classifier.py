@@ -18,6 +18,7 @@ from torchmetrics.classification import (
     MulticlassF1Score,
 )
 
+from litforge.callbacks import EpochStatistics
 from litforge.errors import UserError, number_problem
 from litforge.models import NETWORKS, OPTIMIZERS
 
@@ -155,6 +156,10 @@ class ClassificationModule(L.LightningModule):
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # part of the checkpoint, so a resumed run keeps it
 
+    def configure_callbacks(self) -> list[L.Callback]:
+        # train/loss, train/acc: what training_step returns, averaged over each epoch
+        return [EpochStatistics()]
+
     def configure_model(self) -> None:
         # Lightning calls this on every run (fit, test, ...), once the strategy is set up.
         if getattr(self, "_configured", False):
@@ -242,7 +247,7 @@ class ClassificationModule(L.LightningModule):
             if k in scheduler_cfg
         }
         scheduler = instantiate(scheduler_cfg)(optimizer=optimizer)
-        if isinstance(scheduler, ReduceLROnPlateau) and "monitor" not in lightning_keys:
+        if isinstance(scheduler, ReduceLROnPlateau) and not lightning_keys.get("monitor"):
             raise UserError(
                 "model.scheduler: ReduceLROnPlateau steps on a logged metric, and "
                 "model.scheduler.monitor is not set. Add +model.scheduler.monitor=val/loss "
