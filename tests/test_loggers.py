@@ -88,3 +88,23 @@ def test_run_logs_offline_with_the_network_blocked(tmp_path, idx_data_dir):
     # the plots went along as images
     assert list((offline_run / "files" / "media" / "images").glob("confusion_matrix*.png"))
     assert os.path.isfile(run_dir / "metrics.json")
+
+
+def test_a_resumed_csv_log_is_rewritten_by_rank_zero_only(tmp_path, monkeypatch):
+    """Other processes of a resumed job leave metrics.csv alone: two rewriting it at once lost
+    the kept rows' columns (seen in a requeued SLURM job)."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from litforge.loggers import CSVLogger
+
+    metrics = tmp_path / "csv" / "metrics.csv"
+    metrics.parent.mkdir()
+    metrics.write_text("epoch,step,val/acc\n0,9,0.5\n")
+    before = metrics.stat().st_mtime_ns
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    logger = CSVLogger(tmp_path, name="csv", version="", resume_from="last.ckpt")
+    logger.experiment  # noqa: B018 (what Lightning touches first)
+    assert metrics.read_text() == "epoch,step,val/acc\n0,9,0.5\n"
+    assert metrics.stat().st_mtime_ns == before
+    monkeypatch.setattr(rank_zero_only, "rank", 0)
+    assert CSVLogger(tmp_path, name="csv", version="", resume_from="x").experiment.metrics_keys

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger as _LightningCSVLogger
 from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
 
@@ -71,6 +72,7 @@ class CSVLogger(_LightningCSVLogger):
         self._resume_from = resume_from
 
     @property
+    @rank_zero_experiment  # only rank 0 reads and rewrites metrics.csv (the others raced it)
     def experiment(self):
         if self._experiment is not None:
             return self._experiment
