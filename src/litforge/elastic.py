@@ -5,34 +5,24 @@ checkpoint left off; nothing here is needed otherwise.
 1. Which launcher restarts this job: `restarting_launcher`; the default of `ckpt_path`
    (`${resume_default:}` in conf/train.yaml) is then `auto` (`litforge.resume.auto_checkpoint`).
 2. torchrun: `restart_safe_store`, the store that the restarted workers' process group meets in.
-3. SLURM: `SlurmRequeue`, one checkpoint and a requeue on the job's warning signal.
+
+SLURM's own part (a checkpoint and a requeue on the job's warning signal) is `litforge.slurm`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal as _signal
-import subprocess
 import time
 import uuid
 from datetime import timedelta
 from typing import Any
 
-import lightning as L
+from litforge import slurm
 
 log = logging.getLogger(__name__)
 
 # --- 1. which launcher ------------------------------------------------------------------------
-
-
-def slurm_batch_job() -> bool:
-    """A job SLURM started (`sbatch`, `srun`), not an interactive shell in an allocation: the
-    processes Lightning treats as SLURM's (its `SLURMEnvironment.detect`)."""
-    return "SLURM_NTASKS" in os.environ and os.environ.get("SLURM_JOB_NAME") not in (
-        "bash",
-        "interactive",
-    )
 
 
 def restarting_launcher() -> str | None:
@@ -40,7 +30,7 @@ def restarting_launcher() -> str | None:
     command again after a failure, else None."""
     if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0:
         return "torchrun"
-    if slurm_batch_job():
+    if slurm.slurm_batch_job():
         return "slurm"
     return None
 
@@ -126,73 +116,3 @@ def _agree_on_round(store: Any, rank: int, world_size: int, timeout: timedelta) 
         if waiting:
             time.sleep(0.05)
     return agreed
-
-
-# --- 3. SLURM ---------------------------------------------------------------------------------
-
-
-class SlurmRequeue(L.Callback):
-    """Under SLURM, on the job's warning signal before its time limit (`#SBATCH
-    --signal=SIGUSR1@120` in scripts/slurm.sbatch): stop after the current batch, save
-    `last.ckpt` as on SIGTERM (`litforge.resume.LastCheckpoint`), and requeue the job
-    (`requeue_job`); the requeued job, the same command in the same folder, resumes from it
-    (`ckpt_path=auto`). Elsewhere it does nothing.
-
-    Lightning's own requeue is turned off: it writes `hpc_ckpt_<n>.ckpt` from inside the signal
-    handler, a second kind of checkpoint that only its own resuming finds.
-    """
-
-    def __init__(self, signal: str = "SIGUSR1") -> None:
-        if signal not in _signal.Signals.__members__:
-            raise ValueError(f"signal={signal} is not a signal name (e.g. SIGUSR1)")
-        self.signal = _signal.Signals[signal]
-        self.requested = False  # agreed by all tasks: stop and requeue
-        self._signalled = False  # this task got the signal
-        self._under_slurm = False
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        from lightning.fabric.plugins.environments import SLURMEnvironment
-
-        # What Lightning's signal handling reads (single-device strategies have none of their own)
-        environment = trainer._accelerator_connector.cluster_environment
-        self._under_slurm = isinstance(environment, SLURMEnvironment)
-        if self._under_slurm:
-            environment.auto_requeue = False  # read when Lightning sets its handlers, after this
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # After Lightning has set its handlers: it puts back the ones before them when done.
-        if self._under_slurm:
-            _signal.signal(self.signal, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        log.info(f"{self.signal.name}: the job's time is nearly up; saving, then requeuing")
-        self._signalled = True
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if not self._under_slurm:
-            return
-        # The tasks get the signal at slightly different moments: they agree after each batch,
-        # so that all stop after the same one (a task that stopped alone would leave the others
-        # waiting in their next collective). Then as on SIGTERM: Lightning raises at the end of
-        # this batch, and the checkpoint is saved.
-        if trainer.strategy.reduce_boolean_decision(self._signalled, all=False):
-            self.requested = True
-            trainer._signal_connector.received_sigterm = True
-
-
-def requeue_job() -> None:
-    """`scontrol requeue` this SLURM job (an array job: this task of it)."""
-    if os.environ.get("SLURM_ARRAY_JOB_ID"):
-        job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-    else:
-        job = os.environ["SLURM_JOB_ID"]
-    try:
-        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
-    except OSError as err:
-        log.warning(f"Could not requeue SLURM job {job}: {err}. Resubmit it yourself.")
-        return
-    if result.returncode == 0:
-        log.info(f"Requeued SLURM job {job}: it resumes from its last checkpoint.")
-    else:
-        problem = (result.stderr or result.stdout).strip().splitlines()[:1]
-        log.warning(f"scontrol requeue {job} failed ({' '.join(problem) or result.returncode}).")

@@ -30,7 +30,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import OmegaConf
 
-from litforge import elastic
+from litforge import elastic, slurm
 from litforge.errors import UserError, number_problem
 
 log = logging.getLogger(__name__)
@@ -159,12 +159,12 @@ def stopped_by_sigterm(trainer: L.Trainer, what: str) -> Iterator[None]:
     """Lightning stops on SIGTERM by raising SIGTERMException, a SystemExit with status 0 (fixed
     after 2.6.6, Lightning #19916 / PR #21623); exit with 143 (128 + SIGTERM, what schedulers
     expect of a stopped job) instead, saying so. Stopped by SLURM's warning signal
-    (`elastic.SlurmRequeue`): requeue the job once the checkpoint is saved."""
+    (`slurm.SlurmRequeue`): requeue the job once the checkpoint is saved."""
     try:
         yield
     except SIGTERMException:
         requeue = any(
-            isinstance(cb, elastic.SlurmRequeue) and cb.requested for cb in trainer.callbacks
+            isinstance(cb, slurm.SlurmRequeue) and cb.requested for cb in trainer.callbacks
         )
         if trainer.is_global_zero:
             saved = [cb for cb in trainer.callbacks if isinstance(cb, LastCheckpoint)]
@@ -175,7 +175,7 @@ def stopped_by_sigterm(trainer: L.Trainer, what: str) -> Iterator[None]:
                 f"{trainer.current_epoch}, step {trainer.global_step}; checkpoint {where}: {how}."
             )
             if requeue:
-                elastic.requeue_job()
+                slurm.requeue_job()
         sys.exit(143)
 
 
@@ -190,7 +190,7 @@ def job_id() -> str | None:
     into one folder, where timestamps taken on different machines could differ by a second. A
     restarted or requeued job keeps its id, and so its folder.
     """
-    if elastic.slurm_batch_job() and os.environ.get("SLURM_JOB_ID"):
+    if slurm.slurm_batch_job() and os.environ.get("SLURM_JOB_ID"):
         array = os.environ.get("SLURM_ARRAY_TASK_ID")
         return f"slurm-{os.environ['SLURM_JOB_ID']}" + (f"-{array}" if array else "")
     torchrun = os.environ.get("TORCHELASTIC_RUN_ID")
