@@ -578,8 +578,8 @@ def write_cnn_checkpoint(
 ) -> Path:
     """A Lightning checkpoint (as train.py's ModelCheckpoint writes it) of an untrained CNN for
     RGB images of `size`×`size`: what serving needs of a trained one, in a fraction of a second."""
+    from litforge.checkpoints import ResumeState
     from litforge.models import ClassificationModule
-    from litforge.resume import ResumeState
 
     module = ClassificationModule(
         net={

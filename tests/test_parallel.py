@@ -17,8 +17,8 @@ from helpers import (
     tiny_run_args,
 )
 
+from litforge.checkpoints import read_checkpoint
 from litforge.pipeline import evaluate as pipeline_evaluate
-from litforge.resume import read_checkpoint
 
 MP = ["strategy=model_parallel", "strategy.timeout.minutes=3"]
 

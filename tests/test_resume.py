@@ -20,8 +20,9 @@ from helpers import (
     tiny_run_args,
 )
 
+from litforge.checkpoints import AtomicCheckpointIO
 from litforge.errors import UserError
-from litforge.resume import AtomicCheckpointIO, auto_checkpoint, newest_loadable, run_dir
+from litforge.resume import auto_checkpoint, newest_loadable, run_dir
 
 
 def start(data_dir, run, *extra) -> subprocess.Popen:

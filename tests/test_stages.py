@@ -9,9 +9,9 @@ import pytest
 import torch
 from helpers import compose_config, free_port, predicted_accuracy, run_script, tiny_run_args
 
+from litforge.checkpoints import read_checkpoint
 from litforge.errors import UserError
 from litforge.pipeline import train as train_in_process
-from litforge.resume import read_checkpoint
 
 STEPS = 6  # optimizer steps of every run below
 GLOBAL_BATCH = 32

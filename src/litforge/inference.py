@@ -172,10 +172,10 @@ def load_classifier(
 def classifier_from_checkpoint(path: Path, key: str = "ckpt_path") -> tuple[ImageClassifier, dict]:
     """The checkpoint's network behind its normalization (eval mode, CPU), and its
     hyperparameters."""
-    from litforge import resume
+    from litforge import checkpoints
 
-    checkpoint = resume.read_checkpoint(path)
-    module = resume.load_module(checkpoint, str(path))
+    checkpoint = checkpoints.read_checkpoint(path)
+    module = checkpoints.load_module(checkpoint, str(path))
     hp = dict(module.hparams)
     if hp.get("mean") is None or hp.get("std") is None:
         raise UserError(

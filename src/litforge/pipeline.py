@@ -9,7 +9,7 @@ How a run flows:
    (exactly the strategy, callbacks, loggers and plugins the config lists).
 3. `train`: `trainer.fit` (from `resume.checked_checkpoint` when `ckpt_path` is given), then
    `trainer.test` of the best checkpoint. `evaluate`: the LightningModule a checkpoint names,
-   rebuilt from it (`resume.load_module`), then `trainer.test`.
+   rebuilt from it (`checkpoints.load_module`), then `trainer.test`.
 4. `finish`: `metrics.json` and the table of final metrics in the run folder.
 """
 
@@ -32,7 +32,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.profilers import PassThroughProfiler
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from litforge import resume
+from litforge import checkpoints, resume
 from litforge.checks import check_config, check_pipeline_split, check_restartable
 from litforge.console import print_config, print_metrics, quiet_lightning
 from litforge.errors import UserError, one_line
@@ -136,7 +136,7 @@ def fit(trainer: L.Trainer, model: L.LightningModule, datamodule, ckpt_path=None
     behind out of the garbage collector's sight while it runs: each full collection would scan
     them all (~0.1 s here) and find nothing to free.
 
-    A SIGTERM stops training after the current batch; `resume.LastCheckpoint` saves it, and the
+    A SIGTERM stops training after the current batch; `checkpoints.LastCheckpoint` saves it, and the
     process exits with status 143. A lost process of a multi-process job is named in one line.
     """
     gc.collect()
@@ -227,19 +227,19 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Test a checkpoint (a file or a folder of shards) on the test split, with the
     LightningModule, network and settings stored in it."""
     start(cfg)
-    checkpoint = resume.read_checkpoint(cfg.ckpt_path)
+    checkpoint = checkpoints.read_checkpoint(cfg.ckpt_path)
     data_from_checkpoint(cfg, checkpoint)
     configured = cfg.model._target_ if cfg.get("model") else None
     if configured and checkpoint.get("module_class"):
         log.info("model=... is not used: the checkpoint says what the model is.")
     datamodule = build_datamodule(cfg)
-    resume.check_same_dataset(
+    checkpoints.check_same_dataset(
         checkpoint,
         datamodule.hparams.get("name"),
         cfg.ckpt_path,
         datamodule.model_arguments().get("class_names"),
     )
-    model = resume.load_module(checkpoint, cfg.ckpt_path, default=configured)
+    model = checkpoints.load_module(checkpoint, cfg.ckpt_path, default=configured)
     trainer = build_trainer(cfg)
     test(trainer, model, datamodule)
     return finish(cfg, trainer, _float_metrics(trainer))

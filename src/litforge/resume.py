@@ -1,157 +1,44 @@
-"""Surviving a kill, and finding the checkpoint to continue from, top to bottom:
+"""Surviving a stop, and finding the checkpoint to continue from:
 
-1. Writing: `AtomicCheckpointIO` (trainer.plugins), `LastCheckpoint` and `ResumeState` (callbacks).
-2. Stopping: `stopped_by_sigterm`, exit status 143.
-3. Finding: `run_dir` (the `${run_dir:...}` resolver of conf/hydra/default.yaml) sends
+1. Stopping: `stopped_by_sigterm`, exit status 143.
+2. Finding: `run_dir` (the `${run_dir:...}` resolver of conf/hydra/default.yaml) sends
    `ckpt_path=last` (and `auto`) back into the run it continues, `newest_loadable` picks its
    checkpoint (`auto_checkpoint`: or none, to start fresh), `checked_checkpoint` checks that it
    fits the configured model and data.
-4. Reading: `read_checkpoint` (a file or a folder of shards, `weights_only=True`), `load_module`.
+
+Writing and reading checkpoints: `litforge.checkpoints`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import random
 import socket
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.plugins.io import TorchCheckpointIO
-from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import OmegaConf
 
 from litforge import elastic, slurm
-from litforge.errors import UserError, number_problem
+from litforge.checkpoints import (
+    LastCheckpoint,
+    check_same_dataset,
+    check_same_shapes,
+    is_whole,
+    read_checkpoint,
+    which_checkpoint,
+)
+from litforge.errors import UserError
 
 log = logging.getLogger(__name__)
 
-# --- 1. writing -------------------------------------------------------------------------------
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Each checkpoint written beside its target, flushed, then renamed over it: a kill mid-write
-    leaves the old one whole. (Lightning's writer stages it in $TMPDIR, often another file system
-    on clusters, and its final move is then a plain copy: Lightning #21253, open.)"""
-
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
-    ) -> None:
-        if storage_options is not None:
-            raise TypeError("AtomicCheckpointIO takes no storage_options")
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
-        try:
-            with partial.open("wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(partial, path)  # atomic on POSIX within one file system
-        finally:
-            partial.unlink(missing_ok=True)
-
-
-class LastCheckpoint(ModelCheckpoint):
-    """`checkpoints/last.ckpt` after every training epoch, and mid-epoch when the job is told to
-    stop (SIGTERM: preemption, `scancel`, a scheduler's time limit), before exiting.
-    `every_n_train_steps`: also every this many optimizer steps, for what no signal announces
-    (kill -9, a lost machine): such a stop then costs at most that many steps.
-
-    Lightning's `save_last` writes last.ckpt only when a monitored checkpoint is saved (by design
-    since 2.6, Lightning #20245 / #21244): a resumed run could go back many epochs.
-    """
-
-    def __init__(self, dirpath: str, every_n_train_steps: int | None = None) -> None:
-        problem = every_n_train_steps is not None and number_problem(
-            "every_n_train_steps", every_n_train_steps, integer=True, minimum=1
-        )
-        if problem:
-            raise ValueError(problem)
-        # Not ModelCheckpoint's own every_n_train_steps: it would turn the per-epoch save off.
-        self.every_n_steps = every_n_train_steps
-        super().__init__(
-            dirpath=dirpath,
-            filename="last",
-            monitor=None,
-            save_top_k=1,
-            save_on_train_epoch_end=True,  # after validation and the epoch's statistics
-            enable_version_counter=False,  # overwrite last.ckpt, never last-v1.ckpt
-        )
-        self._last_step = -1
-
-    @property
-    def path(self) -> Path:
-        return Path(self.dirpath) / f"{self.filename}{self.FILE_EXTENSION}"
-
-    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
-        super()._save_checkpoint(trainer, filepath)
-        if trainer.is_global_zero:
-            log.info(
-                f"Saved {filepath} (epoch {trainer.current_epoch}, step {trainer.global_step})"
-            )
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        step = trainer.global_step
-        if not self.every_n_steps or step == 0 or step % self.every_n_steps:
-            return
-        if step == self._last_step:  # batches accumulated into one step repeat its number
-            return
-        if batch_idx + 1 >= trainer.num_training_batches:
-            return  # the epoch's save follows, after validation (the same step would skip it)
-        self._last_step = step
-        self._save_checkpoint(trainer, str(self.path))
-
-    def on_exception(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
-    ) -> None:
-        # Stopped between two batches of training: save them. (Not when testing: the weights
-        # are then those of the best checkpoint.)
-        if isinstance(exception, SIGTERMException) and trainer.state.fn == TrainerFn.FITTING:
-            self._save_checkpoint(trainer, str(self.path))
-
-
-class ResumeState(L.Callback):
-    """What Lightning leaves out of a checkpoint: the random number generators, so that a resumed
-    run draws the same dropout masks and augmentations as the run it continues; and the class of
-    the LightningModule, so that eval.py can rebuild it from the checkpoint alone."""
-
-    def __init__(self) -> None:
-        self._states: dict[str, Any] | None = None
-
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
-        checkpoint["module_class"] = f"{type(pl_module).__module__}.{type(pl_module).__qualname__}"
-        states = {"torch": torch.get_rng_state(), "python": random.getstate()}
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            states["cuda"] = torch.cuda.get_rng_state_all()
-        checkpoint["rng_states"] = states
-
-    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
-        self._states = checkpoint.get("rng_states")
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Here rather than when loading: after the sanity check, right before the first batch,
-        # where the interrupted run also was.
-        if self._states is None:
-            return
-        torch.set_rng_state(self._states["torch"])
-        random.setstate(self._states["python"])
-        if "cuda" in self._states and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(self._states["cuda"])
-        self._states = None
-
-
-# --- 2. stopping ------------------------------------------------------------------------------
+# --- 1. stopping ------------------------------------------------------------------------------
 
 
 @contextmanager
@@ -179,7 +66,7 @@ def stopped_by_sigterm(trainer: L.Trainer, what: str) -> Iterator[None]:
         sys.exit(143)
 
 
-# --- 3. finding -------------------------------------------------------------------------------
+# --- 2. finding --------------------------------------------------------------------------------
 
 
 def job_id() -> str | None:
@@ -257,7 +144,7 @@ def newest_loadable(checkpoint_dir: Path, required: bool = True) -> Path | None:
         checkpoint_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True
     )
     for path in candidates:
-        if path.is_dir() and not _whole(path):
+        if path.is_dir() and not is_whole(path):
             log.warning(f"Skipping {path}: a folder of shards cut off while written")
             continue
         try:
@@ -325,8 +212,8 @@ def checked_checkpoint(
             )
         ckpt_path = str(newest_loadable(checkpoints))
     if fitting and Path(ckpt_path).is_dir():
-        if not _whole(Path(ckpt_path)):
-            raise UserError(_not_a_checkpoint_folder(Path(ckpt_path), "ckpt_path"))
+        if not is_whole(Path(ckpt_path)):
+            raise UserError(which_checkpoint(Path(ckpt_path), "ckpt_path"))
         if not sharded:
             raise UserError(
                 f"{ckpt_path} is a folder of shards: training resumes from it with "
@@ -337,146 +224,3 @@ def checked_checkpoint(
     check_same_dataset(checkpoint, dataset, ckpt_path, model.hparams.get("class_names"))
     check_same_shapes(checkpoint["state_dict"], model.state_dict(), ckpt_path)
     return ckpt_path, checkpoint
-
-
-def check_same_dataset(
-    checkpoint: dict[str, Any],
-    dataset: str | None,
-    ckpt_path: str,
-    class_names: Sequence[str] | None = None,
-) -> None:
-    """The checkpoint was trained on the configured dataset, with the same classes (a folder of
-    your own images may have other ones under the same `data=image_folder`)."""
-    trained_on = checkpoint.get("datamodule_hyper_parameters", {}).get("name")
-    if trained_on and dataset and trained_on != dataset:
-        raise UserError(
-            f"{ckpt_path} was trained on '{trained_on}', the config selects "
-            f"'{dataset}'. Add data={trained_on}."
-        )
-    trained_classes = checkpoint.get("hyper_parameters", {}).get("class_names")
-    if trained_classes and class_names and list(trained_classes) != list(class_names):
-        shown = ", ".join(trained_classes[:6]) + (", ..." if len(trained_classes) > 6 else "")
-        raise UserError(
-            f"{ckpt_path} was trained on other classes ({shown}) than the data has "
-            f"({', '.join(list(class_names)[:6])}{', ...' if len(class_names) > 6 else ''}): "
-            f"use data with the classes it was trained on."
-        )
-
-
-def check_same_shapes(saved: dict[str, Any], current: dict[str, Any], ckpt_path: str) -> None:
-    """One line naming the weights that differ between a checkpoint and the configured model."""
-    differences = [
-        f"{k}: checkpoint {list(saved[k].shape)}, model {list(v.shape)}"
-        for k, v in current.items()
-        if k in saved and hasattr(v, "shape") and tuple(saved[k].shape) != tuple(v.shape)
-    ]
-    differences += [f"missing {k}" for k in current if k not in saved]
-    differences += [f"unexpected {k}" for k in saved if k not in current]
-    if differences:
-        shown = "; ".join(differences[:4]) + (" ..." if len(differences) > 4 else "")
-        raise UserError(
-            f"{ckpt_path} holds another architecture than the configured model "
-            f"({len(differences)} difference(s): {shown}). Use the model config it was trained "
-            f"with (its run dir's .hydra/config.yaml)."
-        )
-
-
-# --- 4. reading -------------------------------------------------------------------------------
-
-
-def _whole(folder: Path) -> bool:
-    """A folder of shards is complete once Lightning has written meta.pt after torch's
-    .metadata; either may be missing after a kill. (It is rewritten in place: not atomic.)"""
-    return (folder / ".metadata").is_file() and (folder / "meta.pt").is_file()
-
-
-def _starts_as_zip(path: Path) -> bool:
-    with path.open("rb") as f:
-        return f.read(4) == b"PK\x03\x04"
-
-
-def _not_a_checkpoint_folder(path: Path, key: str) -> str:
-    """What to give instead of a folder that is no checkpoint: a run folder's (or its
-    checkpoints/ folder's) checkpoints by name."""
-    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    found = sorted(p.name for p in folder.glob("*.ckpt"))
-    if not found:
-        return (
-            f"{key}={path} is a folder, but neither a checkpoint nor a run folder with "
-            f"checkpoints: point it at a checkpoint written by train.py "
-            f"(<run dir>/checkpoints/last.ckpt)."
-        )
-    best = [name for name in found if name != "last.ckpt"]
-    choices = [f"{folder / 'last.ckpt'} (the latest)"] if "last.ckpt" in found else []
-    choices += [f"{folder / best[-1]} (the best)"] if best else []
-    return f"{key}={path} is a folder of checkpoints: give one, e.g. {key}=" + " or ".join(choices)
-
-
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The checkpoint in `path` (a file, or model_parallel's folder of shards put together in
-    memory), or a UserError saying why it cannot be used."""
-    key = "ckpt_path"
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise UserError(f"{key}={path}: no such file.")
-    if path.is_dir() and not _whole(path):
-        raise UserError(_not_a_checkpoint_folder(path, key))
-    if path.is_file() and not _starts_as_zip(path):  # torch.save has written zips since 1.6
-        raise UserError(
-            f"{key}={path} is not a checkpoint (not a file torch.save wrote). Point it at a "
-            f"checkpoint written by train.py (<run dir>/checkpoints/)."
-        )
-    try:
-        if path.is_dir():
-            # Private, but torch has no public way to read shards into one state dict without a
-            # process group (pytorch #125777, open).
-            from lightning.fabric.utilities.load import _load_distributed_checkpoint
-
-            checkpoint = _load_distributed_checkpoint(path)
-        else:  # mmap: tensors are read when used, so checking a large checkpoint costs little
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as err:  # torch.load raises many kinds on foreign bytes
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserError(
-            f"{key}={path} is not a readable checkpoint ({first_line[:200]}). Point it at a "
-            f"checkpoint written by train.py (<run dir>/checkpoints/)."
-        ) from err
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
-        raise UserError(
-            f"{key}={path} is a torch file but not a Lightning checkpoint (no 'state_dict'). "
-            f"Point it at a checkpoint written by train.py (<run dir>/checkpoints/)."
-        )
-    return checkpoint
-
-
-def load_module(
-    checkpoint: dict[str, Any], ckpt_path: str, default: str | None = None
-) -> L.LightningModule:
-    """The LightningModule the checkpoint names (`module_class`, else `default`), rebuilt from
-    its saved arguments with its weights. Only classes of this package are imported: a
-    checkpoint must not be able to run code of its choosing."""
-    from hydra.utils import get_class
-
-    name = checkpoint.get("module_class") or default
-    package = __name__.split(".")[0]
-    if not name or "hyper_parameters" not in checkpoint:
-        raise UserError(
-            f"{ckpt_path} does not name its LightningModule class and arguments (an older "
-            f"checkpoint, or callbacks.resume_state was off): add model=<the model config it "
-            f"was trained with>."
-        )
-    if not name.startswith(f"{package}."):
-        raise UserError(f"{ckpt_path} names {name}, not a class of {package}: not loading it.")
-    try:
-        module_class = get_class(name)
-    except Exception as err:
-        raise UserError(f"{ckpt_path} names {name}, which does not import ({err}).") from err
-    if not issubclass(module_class, L.LightningModule):
-        raise UserError(f"{ckpt_path} names {name}, which is not a LightningModule.")
-    try:  # a checkpoint's network and optimizer configs are checked before anything is built
-        model = module_class(**checkpoint["hyper_parameters"])
-    except UserError as err:
-        raise UserError(f"{ckpt_path}: {err}") from err
-    check_same_shapes(checkpoint["state_dict"], model.state_dict(), ckpt_path)
-    model.load_state_dict(checkpoint["state_dict"])
-    return model

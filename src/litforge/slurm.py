@@ -27,7 +27,7 @@ def slurm_batch_job() -> bool:
 class SlurmRequeue(L.Callback):
     """Under SLURM, on the job's warning signal before its time limit (`#SBATCH
     --signal=SIGUSR1@120` in scripts/slurm.sbatch): stop after the current batch, save
-    `last.ckpt` as on SIGTERM (`litforge.resume.LastCheckpoint`), and requeue the job
+    `last.ckpt` as on SIGTERM (`litforge.checkpoints.LastCheckpoint`), and requeue the job
     (`requeue_job`); the requeued job, the same command in the same folder, resumes from it
     (`ckpt_path=auto`). Elsewhere it does nothing.
 
