@@ -3,6 +3,7 @@ Trainer's settings; in-process fits of a small MLP whose weights do not move (lr
 that each batch's loss is known beforehand."""
 
 import csv
+import logging
 
 import lightning as L
 import pytest
@@ -11,6 +12,7 @@ import torch.nn.functional as F
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
+from litforge.callbacks import EpochStatistics
 from litforge.models import ClassificationModule
 
 NET = {"_target_": "litforge.models.mlp.MLP", "hidden_sizes": [16], "batch_norm": False}
@@ -55,3 +57,19 @@ def test_step_values_are_logged_at_the_step_of_their_batch(tmp_path):
     assert [int(row["step"]) for row in rows] == [1, 3, 5, 7]
     for row in rows:
         assert float(row["train/loss_step"]) == pytest.approx(losses[int(row["step"])], rel=1e-5)
+
+
+def test_the_module_brings_its_statistics_once(tmp_path):
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    lightning_log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    lightning_log.addHandler(handler)
+    try:
+        module, trainer, _ = frozen_fit(tmp_path, 8)
+        x, y = torch.randn(16, 1, 4, 4), torch.randint(0, 3, (16,))
+        trainer.test(module, DataLoader(TensorDataset(x, y), batch_size=8))
+    finally:
+        lightning_log.removeHandler(handler)
+    assert sum(isinstance(c, EpochStatistics) for c in trainer.callbacks) == 1
+    assert said and not any("will override existing callbacks" in line for line in said)

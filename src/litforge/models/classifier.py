@@ -157,7 +157,11 @@ class ClassificationModule(L.LightningModule):
         self.val_acc_best.persistent(True)  # part of the checkpoint, so a resumed run keeps it
 
     def configure_callbacks(self) -> list[L.Callback]:
-        # train/loss, train/acc: what training_step returns, averaged over each epoch
+        # train/loss, train/acc: what training_step returns, averaged over each epoch. (Once:
+        # Lightning would otherwise say at every later run of its Trainer that it replaces it.)
+        trainer = self._trainer
+        if trainer is not None and any(isinstance(c, EpochStatistics) for c in trainer.callbacks):
+            return []
         return [EpochStatistics()]
 
     def configure_model(self) -> None:
