@@ -297,8 +297,8 @@ class EpochStatistics(L.Callback):
         self.names = self.names or list(values)
         with torch.no_grad():
             step = torch.stack([values[k].detach().float().reshape(()) for k in self.names])
-            # Lightning hands on the loss divided by trainer.accumulate_grad_batches
-            step[self.names.index("loss")] *= trainer.accumulate_grad_batches
+            if "loss" in self.names:  # Lightning hands it on divided by the accumulation
+                step[self.names.index("loss")] *= trainer.accumulate_grad_batches
             weighted = torch.cat([step * n, step.new_tensor([n])])
         self.sums = weighted if self.sums is None else self.sums.to(weighted.device) + weighted
         # (Private: the loggers' own test of a step they write, Lightning 2.6)
