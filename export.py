@@ -9,7 +9,7 @@ from litforge.errors import reported
 @hydra.main(config_path="conf", config_name="export", version_base="1.3")
 @reported  # a mistake in the input: one `error:` line and exit status 1
 def main(cfg: DictConfig) -> None:
-    from litforge.export import export  # after composing: see train.py
+    from litforge.deploy.export import export  # after composing: see train.py
 
     export(cfg)
 

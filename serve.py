@@ -14,7 +14,7 @@ from litforge.errors import UserError, reported
 @reported  # a mistake in the input: one `error:` line and exit status 1
 def main(cfg: DictConfig) -> None:
     try:
-        from litforge.serve import serve  # LitServe: installed with the [serve] extra
+        from litforge.deploy.serve import serve  # LitServe: installed with the [serve] extra
     except ModuleNotFoundError as err:
         raise UserError(f'serve.py needs {err.name}: pip install -e ".[serve]"') from err
     serve(cfg)

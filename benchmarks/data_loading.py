@@ -3,7 +3,7 @@
 (a) torchvision's `ImageFolder` + `DataLoader` with per-sample transforms (Resize, CenterCrop,
     ToTensor, Normalize): what users write by hand;
 (b) `data=image_folder` (`ImageFolderDataModule`);
-(c) `data=streaming` (`StreamingDataModule`) on the shards `python -m litforge.data optimize`
+(c) `data=streaming` (`StreamingDataModule`) on the shards `python -m litforge.streaming optimize`
     made of the same folder (the files' bytes, the default);
 (d) the same on shards of decoded pixels (`optimize --store pixels`): no decoding when training.
 
@@ -123,7 +123,7 @@ def main() -> None:
     torch.set_num_threads(os.cpu_count() or 1)
 
     from litforge.data.image_folder import ImageFolderDataModule
-    from litforge.data.streaming import StreamingDataModule
+    from litforge.streaming.datamodule import StreamingDataModule
 
     args.data_dir.mkdir(parents=True, exist_ok=True)
     workloads = [

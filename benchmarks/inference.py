@@ -7,7 +7,7 @@ with `--ckpt`. Inputs: Fashion-MNIST test images, uint8 1×28×28, normalization
 
 Runners, each timed on the same images in this process:
 
-- eager: the checkpoint's network (`litforge.inference`, what predict.py runs);
+- eager: the checkpoint's network (`litforge.deploy.inference`, what predict.py runs);
 - compiled: the same under `torch.compile` (the compile time is its own column);
 - pt2: `model.pt2` from `export.py`, run by `torch.export.load(...).module()`;
 - onnxruntime: `model.onnx` from `export.py`, on onnxruntime's CPU provider.
@@ -103,7 +103,7 @@ def throughput(call, images: torch.Tensor, batches: int = 40) -> float:
 def runners(ckpt: Path, out: Path) -> dict[str, tuple]:
     """{name: (uint8 batch -> logits, seconds from file to the first answers, the file)}: the
     loading, and for `compiled` the compilation (batch 1 and 64)."""
-    from litforge.inference import load_classifier
+    from litforge.deploy.inference import load_classifier
 
     files = {"pt2": export(ckpt, "pt2", out), "onnxruntime": export(ckpt, "onnx", out)}
     made = {}
@@ -124,7 +124,7 @@ def runners(ckpt: Path, out: Path) -> dict[str, tuple]:
 
 def inputs_for(made: dict, images: torch.Tensor) -> torch.Tensor:
     """Fashion-MNIST's test images, or random ones where a `--ckpt` model takes another shape."""
-    from litforge.inference import load_classifier
+    from litforge.deploy.inference import load_classifier
 
     shape = tuple(load_classifier(made["pt2"][2], key="model_path").contract.to_dict()["shape"][1:])
     if shape == tuple(images.shape[1:]):

@@ -96,7 +96,7 @@ def trained_images(tmp_path_factory):
 def _export(tmp_path_factory, trained_images, file_format: str):
     from helpers import compose_config
 
-    from litforge.export import export
+    from litforge.deploy.export import export
 
     tmp = tmp_path_factory.mktemp(f"export_{file_format}")
     overrides = [
@@ -119,3 +119,18 @@ def exported_onnx(tmp_path_factory, trained_images):
 def exported_pt2(tmp_path_factory, trained_images):
     """`trained_images`' checkpoint as model.pt2 (export.py, checked on its test images)."""
     return _export(tmp_path_factory, trained_images, "pt2")
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """Set the environment a launcher gives its processes."""
+    from helpers import LAUNCHER_VARIABLES
+
+    for name in LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+    def launch(**variables: str) -> None:
+        for name, value in variables.items():
+            monkeypatch.setenv(name, value)
+
+    return launch

@@ -560,9 +560,9 @@ class RecordTestProbabilities(L.Callback):
 
 def predicted_accuracy(model_file: Path, mnist_dir: Path) -> float:
     """The accuracy on the MNIST-format test files in `mnist_dir` of the model in `model_file`,
-    loaded as predict.py, export.py and serve.py load it (`litforge.inference`)."""
+    loaded as predict.py, export.py and serve.py load it (`litforge.deploy.inference`)."""
     from litforge.data.mnist import MNISTDataModule
-    from litforge.inference import load_classifier
+    from litforge.deploy.inference import load_classifier
 
     images, labels = MNISTDataModule().load_split(Path(mnist_dir), train=False)
     logits = load_classifier(model_file).logits(images)
@@ -639,3 +639,47 @@ def process_group(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] != "Z":
             pids.append(int(entry.name))
     return pids
+
+
+def assert_dead_rank_named(tmp_path: Path, data_dir: Path, *strategy: str) -> None:
+    """A 2-process run whose rank 1 is killed once training: rank 0 ends it in one line that
+    names the dead process."""
+    args = tiny_run_args(
+        data_dir,
+        tmp_path / "run",
+        *strategy,
+        "trainer.devices=2",
+        "trainer.max_epochs=100",  # far from done when rank 1 dies
+        "data.batch_size=10",
+    )
+    # Once both ranks are training (rank 0 wrote its first checkpoint), rank 1 is killed.
+    status, text, children = run_train_killing(
+        args, "last.ckpt (epoch 0,", 1, env={"MASTER_PORT": str(free_port())}
+    )
+    assert status == 1, text[-3000:]
+    assert "Traceback" not in text
+    assert text.strip().splitlines()[-1] == (
+        f"error: the process of rank 1 (pid {children[1]}) died (killed by SIGKILL), so the job "
+        f"stopped. Its own output above says why; to resume, run the same command with "
+        f"ckpt_path=last."
+    )
+
+
+SLURM = {  # one task of a job of two on one node, as srun starts them
+    "SLURM_NTASKS": "2",
+    "SLURM_NTASKS_PER_NODE": "2",
+    "SLURM_NODEID": "0",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_JOB_NAME": "litforge",
+    "SLURM_NODELIST": "127.0.0.1",
+    "SLURM_JOB_NUM_NODES": "1",
+}
+LAUNCHER_VARIABLES = [
+    *SLURM,
+    "SLURM_JOB_ID",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "GROUP_WORLD_SIZE",
+]

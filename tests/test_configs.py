@@ -10,9 +10,9 @@ from omegaconf import OmegaConf, open_dict
 from hydra_plugins.litforge.optuna_sweeper import OptunaSweeper, _has_key
 from litforge.callbacks import LearningRateMonitor
 from litforge.checkpoints import AtomicCheckpointIO
-from litforge.data.streaming import optimize_folder
 from litforge.errors import UserError
 from litforge.pipeline import build_datamodule, build_model, build_trainer, start
+from litforge.streaming.datamodule import optimize_folder
 
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("hydra", "local"))
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]

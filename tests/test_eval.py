@@ -118,7 +118,7 @@ CRAFTED = {  # (hyper-parameter, value): what a crafted checkpoint asks to build
 def test_a_checkpoint_builds_only_listed_networks(tmp_path, one_epoch_run, craft, entry):
     """A checkpoint is data: what its configs name is checked against litforge.models'
     lists before anything is called (here: nothing made in `made/`)."""
-    from litforge.inference import load_classifier
+    from litforge.deploy.inference import load_classifier
     from litforge.models import ClassificationModule
 
     last, data_dir = one_epoch_run

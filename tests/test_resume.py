@@ -22,7 +22,8 @@ from helpers import (
 
 from litforge.checkpoints import AtomicCheckpointIO
 from litforge.errors import UserError
-from litforge.resume import auto_checkpoint, newest_loadable, run_dir
+from litforge.resume import auto_checkpoint, newest_loadable
+from litforge.runs import run_dir
 
 
 def start(data_dir, run, *extra) -> subprocess.Popen:
@@ -107,7 +108,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(
     stopped = run_with_fault(idx_data_dir, run, "SIGTERM", stage, epoch=1, batch=batch)
     output = stopped.stdout + stopped.stderr
     assert stopped.returncode == 143, output[-3000:]
-    assert f"Stopped by SIGTERM while training at epoch 1, step {step}" in output
+    assert f"Stopped while training at epoch 1, step {step}" in output
     assert "Traceback" not in output
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == step
 
@@ -125,7 +126,7 @@ def test_sigterm_while_testing_exits_143_too(tmp_path, idx_data_dir):
     # Lightning's own SIGTERMException is a SystemExit with status 0: a stopped job would look done.
     stopped = run_with_fault(idx_data_dir, tmp_path / "run", "SIGTERM", "test", epoch=3, batch=0)
     assert stopped.returncode == 143
-    assert "Stopped by SIGTERM while testing" in stopped.stdout + stopped.stderr
+    assert "Stopped while testing" in stopped.stdout + stopped.stderr
     assert not (tmp_path / "run" / "metrics.json").exists()
     last = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
     assert last["global_step"] == 150  # the end of training, not overwritten while testing

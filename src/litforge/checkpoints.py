@@ -6,7 +6,7 @@
    `load_module` (only the classes and networks a checkpoint may build: it is data).
 3. Checking: `check_same_dataset`, `check_same_shapes` (one line naming what differs).
 
-Finding the checkpoint a run continues from: `litforge.resume`.
+Finding the checkpoint a run continues from: `litforge.resume`; its folder: `litforge.runs`.
 """
 
 from __future__ import annotations
@@ -82,6 +82,7 @@ class LastCheckpoint(ModelCheckpoint):
             enable_version_counter=False,  # overwrite last.ckpt, never last-v1.ckpt
         )
         self._last_step = -1
+        self._saved_on_stop = False
 
     @property
     def path(self) -> Path:
@@ -111,7 +112,12 @@ class LastCheckpoint(ModelCheckpoint):
     ) -> None:
         # Stopped between two batches of training: save them. (Not when testing: the weights
         # are then those of the best checkpoint.)
-        if isinstance(exception, SIGTERMException) and trainer.state.fn == TrainerFn.FITTING:
+        if (
+            isinstance(exception, SIGTERMException)
+            and trainer.state.fn == TrainerFn.FITTING
+            and not self._saved_on_stop  # a callback that acts after the save may ask first
+        ):
+            self._saved_on_stop = True
             self._save_checkpoint(trainer, str(self.path))
 
 

@@ -30,10 +30,11 @@ import torch
 from hydra.errors import InstantiationException
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.profilers import PassThroughProfiler
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from litforge import checkpoints, resume
-from litforge.checks import check_config, check_pipeline_split, check_restartable
+from litforge.checks import check_config
 from litforge.console import print_config, print_metrics, quiet_lightning
 from litforge.errors import UserError, one_line
 
@@ -56,11 +57,26 @@ def instantiate(config: Any, **kwargs: Any) -> Any:
 
 def start(cfg: DictConfig) -> None:
     check_config(cfg, needs_checkpoint=not cfg.get("train", False))  # before any output
+    prepare_run(cfg)
     quiet_lightning()  # Hydra's logging is set up by now
     if cfg.extras.get("print_config"):
         print_config(cfg, save_to=Path(cfg.paths.output_dir) / "config_tree.log")
     if cfg.get("seed") is not None:  # `seed=0` is a seed too
         L.seed_everything(cfg.seed, workers=True)
+
+
+def prepare_run(cfg: DictConfig) -> None:
+    """The `prepare_run(cfg)` class method of each class the strategy and callbacks name, if it
+    has one: how a feature folder's strategy or callback checks its settings (a UserError naming
+    the key) and sets up what must exist before the Trainer, before anything is read."""
+    for entry in [cfg.get("strategy"), *(cfg.get("callbacks") or {}).values()]:
+        target = entry.get("_target_") if OmegaConf.is_dict(entry) else None
+        try:
+            cls = hydra.utils.get_class(target) if target else None
+        except Exception:  # not a class, or not importable: instantiating it says so, by its key
+            continue
+        if callable(prepare := getattr(cls, "prepare_run", None)):
+            prepare(cfg)
 
 
 def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
@@ -170,15 +186,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """Fit, then test the best checkpoint; with `train=false`, test `ckpt_path`. Returns the
     final metrics (`metrics.json`)."""
     start(cfg)
-    if cfg.get("ckpt_path") == "auto":  # before the loggers, which append to a resumed run's logs
+    with open_dict(cfg):
+        cfg.ckpt_path = resume.default_checkpoint(cfg.get("ckpt_path"))
+    if cfg.ckpt_path == "auto":  # before the loggers, which append to a resumed run's logs
         found = resume.auto_checkpoint(cfg.paths.output_dir, fitting=cfg.get("train"))
         with open_dict(cfg):
             cfg.ckpt_path = str(found) if found else None
     datamodule = build_datamodule(cfg)
     model = build_model(cfg, datamodule)
     trainer = build_trainer(cfg)
-    check_pipeline_split(model.net, trainer.strategy)
-    check_restartable(trainer.strategy)
     ckpt_path, checkpoint = cfg.get("ckpt_path"), None
     if ckpt_path:
         ckpt_path, checkpoint = resume.checked_checkpoint(
@@ -187,14 +203,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
             model,
             datamodule.hparams.get("name"),
             fitting=cfg.get("train"),
-            sharded=type(trainer.strategy).__name__ in ("ModelParallelStrategy", "FSDPStrategy"),
+            sharded=isinstance(trainer.strategy, (ModelParallelStrategy, FSDPStrategy)),
         )
-        pipelined = getattr(trainer.strategy, "pipeline_parallel_size", 1) > 1
-        if cfg.get("train") and pipelined and checkpoint is not None:
-            raise UserError(
-                f"{ckpt_path} is one file: a pipeline run resumes from a folder of shards that a "
-                f"run of the same sizes wrote (strategy.save_distributed_checkpoint=true)."
-            )
+    if check_fit := getattr(trainer.strategy, "check_fit", None):  # before processes start
+        check_fit(model, ckpt_path if cfg.get("train") else None)
 
     metrics: dict[str, float] = {}
     if cfg.get("train"):

@@ -1,10 +1,9 @@
 """Surviving a stop, and finding the checkpoint to continue from:
 
 1. Stopping: `stopped_by_sigterm`, exit status 143.
-2. Finding: `run_dir` (the `${run_dir:...}` resolver of conf/hydra/default.yaml) sends
-   `ckpt_path=last` (and `auto`) back into the run it continues, `newest_loadable` picks its
-   checkpoint (`auto_checkpoint`: or none, to start fresh), `checked_checkpoint` checks that it
-   fits the configured model and data.
+2. Finding: `newest_loadable` picks the checkpoint of the run that `ckpt_path=last` (or `auto`)
+   continues (`litforge.runs.run_dir` found its folder; `auto_checkpoint`: or none, to start
+   fresh), `checked_checkpoint` checks that it fits the configured model and data.
 
 Writing and reading checkpoints: `litforge.checkpoints`.
 """
@@ -12,20 +11,15 @@ Writing and reading checkpoints: `litforge.checkpoints`.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from omegaconf import OmegaConf
 
-from litforge import elastic, slurm
 from litforge.checkpoints import (
     LastCheckpoint,
     check_same_dataset,
@@ -35,6 +29,7 @@ from litforge.checkpoints import (
     which_checkpoint,
 )
 from litforge.errors import UserError
+from litforge.runs import how_to_resume, restarting_launcher
 
 log = logging.getLogger(__name__)
 
@@ -45,96 +40,27 @@ log = logging.getLogger(__name__)
 def stopped_by_sigterm(trainer: L.Trainer, what: str) -> Iterator[None]:
     """Lightning stops on SIGTERM by raising SIGTERMException, a SystemExit with status 0 (fixed
     after 2.6.6, Lightning #19916 / PR #21623); exit with 143 (128 + SIGTERM, what schedulers
-    expect of a stopped job) instead, saying so. Stopped by SLURM's warning signal
-    (`slurm.SlurmRequeue`): requeue the job once the checkpoint is saved."""
+    expect of a stopped job) instead, saying so."""
     try:
         yield
     except SIGTERMException:
-        requeue = any(
-            isinstance(cb, slurm.SlurmRequeue) and cb.requested for cb in trainer.callbacks
-        )
         if trainer.is_global_zero:
             saved = [cb for cb in trainer.callbacks if isinstance(cb, LastCheckpoint)]
             where = f"saved to {saved[0].path}" if saved else "not saved"
-            how = "the requeued job resumes from it" if requeue else elastic.how_to_resume()
             log.warning(
-                f"Stopped by {'SLURM' if requeue else 'SIGTERM'} while {what} at epoch "
-                f"{trainer.current_epoch}, step {trainer.global_step}; checkpoint {where}: {how}."
+                f"Stopped while {what} at epoch {trainer.current_epoch}, step "
+                f"{trainer.global_step}; checkpoint {where}: {how_to_resume()}."
             )
-            if requeue:
-                slurm.requeue_job()
         sys.exit(143)
 
 
 # --- 2. finding --------------------------------------------------------------------------------
 
 
-def job_id() -> str | None:
-    """The cluster launcher's name for this job: `slurm-<job id>[-<array task>]`,
-    `torchrun-<rendezvous id>`; None when started otherwise.
-
-    Every process of a multi-node job computes this for itself; a shared job id puts them all
-    into one folder, where timestamps taken on different machines could differ by a second. A
-    restarted or requeued job keeps its id, and so its folder.
-    """
-    if slurm.slurm_batch_job() and os.environ.get("SLURM_JOB_ID"):
-        array = os.environ.get("SLURM_ARRAY_TASK_ID")
-        return f"slurm-{os.environ['SLURM_JOB_ID']}" + (f"-{array}" if array else "")
-    torchrun = os.environ.get("TORCHELASTIC_RUN_ID")
-    if torchrun and torchrun != "none":
-        return f"torchrun-{torchrun}"
-    if torchrun == "none" and elastic.restarting_launcher() == "torchrun":
-        # No --rdzv-id: the restarted workers of one machine still share their agent (parent).
-        if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:
-            raise UserError(
-                "torchrun with --max-restarts on several machines needs --rdzv-id=<job name>: "
-                "it names the run folder that restarted workers go back to."
-            )
-        return f"torchrun-{socket.gethostname()}-{os.getppid()}"
-    return None
-
-
-def run_id() -> str:
-    """A new run's folder name: the job id when a cluster launcher gives one, else the time."""
-    return job_id() or datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-
-
-def run_dir(runs_root: str, ckpt_path: str | None, overrides: Any = None, fits: Any = True) -> str:
-    """`${run_dir:<runs root>,${ckpt_path},${hydra.overrides.task},${train}}`: the folder of a
-    training run that continues an earlier run of the same command (the same overrides,
-    ckpt_path aside): with `ckpt_path=last` the newest such run that holds a checkpoint; with
-    `auto` the job's own folder under a cluster launcher, else the newest unfinished such run
-    (checkpoints, no metrics.json); with a checkpoint file of such a run that run. Anything else:
-    a new `<runs_root>/<run id>`."""
-    root = Path(runs_root)
-    if ckpt_path == "auto" and job_id():
-        return str(root / run_id())
-    if fits and ckpt_path and root.is_dir():
-        command = _without_ckpt_path(overrides or [])
-        runs = [run for run in root.iterdir() if _command(run) == command]
-        if ckpt_path == "auto":
-            runs = [run for run in runs if not (run / "metrics.json").exists()]
-        if ckpt_path in ("last", "auto"):
-            newest = {
-                r: max((p.stat().st_mtime for p in r.glob("checkpoints/*.ckpt")), default=0)
-                for r in runs
-            }
-            if any(newest.values()):
-                return str(max(newest, key=newest.__getitem__))
-        elif (run := Path(ckpt_path).expanduser().resolve().parent.parent) in {
-            r.resolve() for r in runs
-        }:
-            return str(run)
-    return str(root / run_id())
-
-
-def _command(run: Path) -> list[str] | None:
-    saved = run / ".hydra" / "overrides.yaml"
-    return _without_ckpt_path(OmegaConf.load(saved)) if saved.is_file() else None
-
-
-def _without_ckpt_path(overrides) -> list[str]:
-    return [o for o in overrides if not o.startswith("ckpt_path=")]
+def default_checkpoint(ckpt_path: str | None) -> str | None:
+    """`ckpt_path` as given; unset, `auto` where a launcher runs the job again after a failure
+    (torchrun --max-restarts, SLURM): the job goes on from its last checkpoint by itself."""
+    return ckpt_path if ckpt_path is not None or not restarting_launcher() else "auto"
 
 
 def newest_loadable(checkpoint_dir: Path, required: bool = True) -> Path | None:

@@ -1,6 +1,11 @@
-"""Lightning strategies of our own, where Lightning's need a change (conf/strategy/ selects them).
-How each model is sharded is `litforge.parallelize`; which combinations cannot run,
-`litforge.checks`."""
+"""Lightning's DDP with two changes (conf/strategy/ddp*.yaml select it): its gradient
+communication hook on every device, and a lost process named in one line (`ReportsLostProcesses`,
+which the strategies of the feature folders use too).
+
+A strategy may check its own settings before anything is built: a `prepare_run(cfg)` class
+method (`litforge.pipeline.prepare_run`); and the model and the checkpoint to resume from before
+its processes start: a `check_fit(model, ckpt_path)` method (`litforge.pipeline.train`).
+"""
 
 from __future__ import annotations
 
@@ -15,10 +20,9 @@ import torch
 from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 from lightning.pytorch.strategies import DDPStrategy as _LightningDDPStrategy
-from lightning.pytorch.strategies import ModelParallelStrategy as _LightningModelParallelStrategy
 from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 
-from litforge import elastic
+from litforge.runs import how_to_resume
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +61,13 @@ class ReportsLostProcesses:
             how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
             return (
                 f"the process of {self.process_name(rank)} (pid {process.pid}) died ({how}), "
-                f"so the job stopped. Its own output above says why; {elastic.how_to_resume()}."
+                f"so the job stopped. Its own output above says why; {how_to_resume()}."
             )
         if any(_is_communication_error(e) for e in (exception, exception.__context__) if e):
             return (
                 f"rank {self.global_rank} lost contact with the other processes of the job "
                 f"({_what_failed(exception)}); one of them stopped or died: "
-                f"{elastic.how_to_resume()}."
+                f"{how_to_resume()}."
             )
         return None
 
@@ -112,30 +116,6 @@ class ReportingLauncher(_SubprocessScriptLauncher):
         return function(*args, **kwargs)
 
 
-class SurvivesRestarts:
-    """Under torchrun, the process group meets in `elastic.restart_safe_store`: the workers
-    torchrun restarts after a failure find each other, not the addresses of the dead ones.
-    (Lightning's own setup, which follows, finds the group made and keeps it.)"""
-
-    def _init_restart_safe_process_group(self) -> None:
-        from lightning.fabric.utilities.distributed import _init_dist_connection
-
-        self.set_world_ranks()
-        if torch.distributed.is_initialized():
-            return
-        store = elastic.restart_safe_store(self.global_rank, self.world_size, self._timeout)
-        if store is None:
-            return
-        device = self.root_device
-        _init_dist_connection(
-            self.cluster_environment,
-            self._get_process_group_backend(),
-            timeout=self._timeout,
-            store=store,
-            device_id=device if device.type != "cpu" else None,
-        )
-
-
 def _what_failed(exception: BaseException) -> str:
     """The gist of a communication error: its first sentence, without gloo's source location."""
     text = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", str(exception)).strip()
@@ -157,16 +137,12 @@ def _is_communication_error(exception: BaseException) -> bool:
     )
 
 
-class DDPStrategy(ReportsLostProcesses, SurvivesRestarts, _LightningDDPStrategy):
+class DDPStrategy(ReportsLostProcesses, _LightningDDPStrategy):
     """Lightning's DDP, with its communication hook attached on every device.
 
     Lightning (2.6.6) registers `ddp_comm_hook` (gradient compression: fp16, bf16, PowerSGD) only
     when training on CUDA and silently drops it otherwise; torch runs these hooks on gloo too.
     """
-
-    def setup_distributed(self) -> None:
-        self._init_restart_safe_process_group()
-        super().setup_distributed()
 
     def _register_ddp_hooks(self) -> None:
         if self._ddp_comm_hook is None:
@@ -178,196 +154,3 @@ class DDPStrategy(ReportsLostProcesses, SurvivesRestarts, _LightningDDPStrategy)
         attached = self.model._get_ddp_logging_data().get("comm_hook", "none")
         if self.global_rank == 0:
             log.info("DDP gradient communication hook attached: %s", attached)
-
-
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")  # torch.distributed.pipelining's
-
-
-class ModelParallelStrategy(
-    ReportsLostProcesses, SurvivesRestarts, _LightningModelParallelStrategy
-):
-    """Lightning's ModelParallelStrategy, with pipeline parallelism as a third mesh dimension.
-
-    The device mesh is `pipeline_parallel` × `data_parallel` × `tensor_parallel` (Lightning's is
-    the last two). `pipeline_parallel_size` > 1 splits the network into that many stages (how,
-    per model: `litforge.parallelize`), each on its own processes, run by `schedule` over
-    `microbatches` slices of each batch (default: 2 per stage). `data_parallel_size="auto"` is
-    what the other two leave of all processes (Lightning's own "auto" is the number of nodes, by
-    design: Lightning PR #19878).
-    """
-
-    def __init__(
-        self,
-        *args: Any,
-        pipeline_parallel_size: int = 1,
-        microbatches: int | None = None,
-        schedule: str = "1f1b",
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self.pipeline_parallel_size = pipeline_parallel_size
-        self.microbatches = microbatches or 2 * pipeline_parallel_size
-        self.schedule = schedule
-
-    pipeline = None  # litforge.stages.Stages, with pipeline_parallel_size > 1
-    _compile = False
-    _placed = False
-
-    def connect(self, model) -> None:
-        super().connect(model)
-        # Placement compiles, between tensor parallelism and FSDP2 (litforge.parallelize): the
-        # module must not compile its network first.
-        self._compile = self._compile or getattr(model, "compile_net", False)
-        model.compile_net = False
-
-    def setup(self, trainer) -> None:
-        # After the module's configure_model (channels-last weights), before Lightning moves
-        # the sharded network and builds the optimizers over its parameters.
-        module = self.lightning_module
-        # A module with a `net` (ClassificationModule's) is placed here; another places itself
-        # in its configure_model, as Lightning's documentation has it.
-        if not self._placed and hasattr(module, "net"):
-            self._placed = True
-            if self.pipeline_parallel_size > 1:
-                from litforge.stages import Stages
-
-                self.pipeline = Stages(
-                    module.net,
-                    self.device_mesh,
-                    self.schedule,
-                    self.microbatches,
-                    module.loss,
-                    self.root_device,
-                    compile=self._compile,
-                )
-            else:
-                from litforge.parallelize import parallelize
-
-                parallelize(module.net, self.device_mesh, compile=self._compile)
-        super().setup(trainer)
-
-    # --- pipeline steps: the schedule runs the forward and backward passes of all microbatches
-
-    def on_train_start(self) -> None:
-        super().on_train_start()
-        if self.pipeline is not None:  # Lightning's zero_grad and backward: in training_step
-            # (Private, as Lightning's own StochasticWeightAveraging uses it: no public switch.)
-            self.lightning_module.trainer.fit_loop._skip_backward = True
-
-    def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        if self.pipeline is None:
-            return super().training_step(*args, **kwargs)
-        (images, labels), batch_idx, module = args[0], args[1], self.lightning_module
-        if batch_idx % module.trainer.accumulate_grad_batches == 0:
-            module.optimizers().zero_grad()
-        logits, loss, labels = self.pipeline.train_step(images, labels)
-        outputs = None
-        if self.pipeline.last:
-            outputs = {"batch_size": torch.tensor(0.0)}
-            if logits is not None:
-                outputs = module.step_statistics(logits, labels, loss)
-                outputs = {k: v.detach().cpu() for k, v in outputs.items()}
-                outputs["batch_size"] = torch.tensor(float(len(labels)))
-        # Only the last stage has them: every process logs and shows the same (their averages
-        # over all processes are the last stages' averages).
-        return self.pipeline.from_last_stage(outputs)
-
-    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
-        if self.pipeline is None:
-            return super().validation_step(*args, **kwargs)
-        return self._evaluate("val", *args)
-
-    def test_step(self, *args: Any, **kwargs: Any) -> Any:
-        if self.pipeline is None:
-            return super().test_step(*args, **kwargs)
-        return self._evaluate("test", *args)
-
-    def _evaluate(self, stage: str, batch: Any, *args: Any) -> None:
-        images, labels = batch
-        logits = self.pipeline.forward(images, labels)
-        if logits is not None:  # the last stage counts; the others' metrics stay empty
-            self.lightning_module.update_metrics(stage, logits, labels)
-
-    def _setup_distributed(self) -> None:
-        self._init_restart_safe_process_group()
-        super()._setup_distributed()
-
-    def setup_environment(self) -> None:
-        self._data_parallel_size, self._tensor_parallel_size = mesh_sizes(
-            self._data_parallel_size,
-            self._tensor_parallel_size,
-            self.num_processes,
-            self.num_nodes,
-            self.pipeline_parallel_size,
-        )
-        if self.pipeline_parallel_size == 1:
-            super().setup_environment()
-            return
-        from torch.distributed.device_mesh import init_device_mesh
-
-        # Lightning's own steps, with a 3-D mesh in place of its 2-D one.
-        super(_LightningModelParallelStrategy, self).setup_environment()
-        self._setup_distributed()
-        self._device_mesh = init_device_mesh(
-            self.root_device.type,
-            (self.pipeline_parallel_size, self._data_parallel_size, self._tensor_parallel_size),
-            mesh_dim_names=("pipeline_parallel", "data_parallel", "tensor_parallel"),
-        )
-        self.lightning_module._device_mesh = self._device_mesh
-
-    # Optimizer states, pipelined: one entry per parameter (its group's settings too), so that
-    # the stages' entries sit side by side in one folder of shards. Lightning's layout keeps
-    # one list of groups, which the stages would overwrite for each other.
-    _FLAT_OPTIMIZER = {"flatten_optimizer_state_dict": True, "cpu_offload": True}
-
-    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        if self.pipeline_parallel_size == 1:
-            return super().optimizer_state(optimizer)
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_optimizer_state_dict,
-        )
-
-        optimizer = getattr(optimizer, "_optimizer", optimizer)  # LightningOptimizer's
-        options = StateDictOptions(**self._FLAT_OPTIMIZER)
-        return get_optimizer_state_dict(self.model, optimizer, options=options)
-
-    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict:
-        """Lightning's loading of a folder of shards, with flattened optimizer states."""
-        if self.pipeline_parallel_size == 1:
-            return super().load_checkpoint(checkpoint_path, weights_only)
-        from pathlib import Path
-
-        from lightning.fabric.strategies.model_parallel import (
-            _METADATA_FILENAME,
-            _distributed_checkpoint_load,
-        )
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            get_optimizer_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        path = Path(self.broadcast(checkpoint_path))
-        model_state = {"state_dict": get_model_state_dict(self.model)}  # this stage's keys
-        _distributed_checkpoint_load(model_state, path)
-        self.model.load_state_dict(model_state["state_dict"])
-        options = StateDictOptions(**self._FLAT_OPTIMIZER)
-        for index, optimizer in enumerate(self.optimizers):
-            key = f"optimizer_{index}"
-            state = {key: get_optimizer_state_dict(self.model, optimizer, options=options)}
-            _distributed_checkpoint_load(state, path)
-            set_optimizer_state_dict(self.model, optimizer, state[key], options=options)
-        return torch.load(path / _METADATA_FILENAME, weights_only=weights_only)
-
-
-def mesh_sizes(
-    dp: int | str, tp: int | str, per_node: int, num_nodes: int, pp: int = 1
-) -> tuple[int, int]:
-    """The (data parallel, tensor parallel) sizes of the device mesh. Tensor parallel "auto":
-    all processes of a node (Lightning's rule); data parallel "auto": what pipeline and tensor
-    parallelism leave of all processes."""
-    tp_size = per_node if tp == "auto" else int(tp)
-    dp_size = num_nodes * per_node // (tp_size * pp) if dp == "auto" else int(dp)
-    return dp_size, tp_size

@@ -3,7 +3,6 @@
     python -m litforge.data fetch mnist [--data-dir data]  # before training, e.g. on a login node
     python -m litforge.data fetch fashion_mnist --apt      # offline: Debian's package
     python -m litforge.data export-images fashion_mnist DIR  # as DIR/<split>/<class>/<n>.png
-    python -m litforge.data optimize SRC_DIR OUT_DIR       # an image folder to streaming shards
 
 A dataset name is the module name in `litforge.data` (and the config name in `conf/data/`).
 """
@@ -135,55 +134,17 @@ def main(argv: list[str] | None = None) -> int:
     export_parser.add_argument("--data-dir", default="data", help="default: ./data")
     export_parser.add_argument("--system-dir", default="/usr/share/datasets")
     export_parser.add_argument("--limit", type=int, help="at most this many images per split")
-    optimize_parser = commands.add_parser(
-        "optimize", help="convert an image folder into streaming shards (needs litdata)"
-    )
-    optimize_parser.add_argument("source", help="an image folder: SOURCE/<split>/<class>/<image>")
-    optimize_parser.add_argument("output", help="a local folder or an object-store URL (s3://...)")
-    optimize_parser.add_argument("--val-fraction", type=float, default=0.1)
-    optimize_parser.add_argument("--test-fraction", type=float, default=0.1)
-    optimize_parser.add_argument("--split-seed", type=int, default=0)
-    optimize_parser.add_argument("--on-bad-file", choices=("error", "skip"), default="error")
-    optimize_parser.add_argument("--chunk-bytes", default="64MB", help="size of a shard file")
-    optimize_parser.add_argument(
-        "--workers", type=int, default=os.cpu_count(), help="processes (default: one per CPU)"
-    )
-    optimize_parser.add_argument(
-        "--store",
-        choices=("files", "pixels"),
-        default="files",
-        help="files: the image files' bytes (compact); pixels: decoded, at --image-size "
-        "(no decoding when training, more disk)",
-    )
-    optimize_parser.add_argument("--image-size", type=int, help="pixels: default as the images")
-    optimize_parser.add_argument("--channels", type=int, choices=(1, 3))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     try:
         if args.command == "fetch":
             directory = fetch(args.name, args.data_dir, args.system_dir, args.apt)
             print(f"{args.name}: files in {directory}")
-        elif args.command == "export-images":
+        else:
             target = export_images(
                 args.name, args.target, args.data_dir, args.system_dir, args.limit
             )
             print(f"{args.name}: images in {target}")
-        else:
-            from litforge.data.streaming import optimize_folder
-
-            optimize_folder(
-                args.source,
-                args.output,
-                val_fraction=args.val_fraction,
-                test_fraction=args.test_fraction,
-                split_seed=args.split_seed,
-                on_bad_file=args.on_bad_file,
-                chunk_bytes=args.chunk_bytes,
-                num_workers=args.workers,
-                store=args.store,
-                image_size=args.image_size,
-                channels=args.channels,
-            )
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

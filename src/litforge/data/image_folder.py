@@ -92,7 +92,7 @@ def scan_split(folder: Path) -> Files:
 
 
 # How messages name the settings of an image folder: as config keys (`data=image_folder`), or
-# as the arguments of `python -m litforge.data optimize`.
+# as the arguments of `python -m litforge.streaming optimize`.
 CONFIG_SETTINGS = {
     "root": "data.root={}",
     "on_bad_file": "data.on_bad_file={}",

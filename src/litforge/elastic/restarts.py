@@ -1,6 +1,13 @@
-"""SLURM: which processes SLURM started (`slurm_batch_job`), and `SlurmRequeue`, one checkpoint
-and a requeue (`requeue_job`) on the job's warning signal before its time limit. Restarts in
-general (torchrun's too): `litforge.elastic`."""
+"""`Restarts` (callbacks.restarts): what a job needs to survive the launcher running it again.
+
+- torchrun --max-restarts: the process group meets in a store that outlives the workers
+  (`litforge.elastic.torchrun`), formed in `prepare_run` before the Trainer is built.
+- SLURM: one checkpoint and a requeue (`requeue_job`) on the job's warning signal before its
+  time limit.
+
+A job that is run again goes on from its last checkpoint by itself: `ckpt_path` is then `auto`
+(the core's `litforge.resume.auto_checkpoint`, in the folder `litforge.runs.job_id` names).
+"""
 
 from __future__ import annotations
 
@@ -8,32 +15,46 @@ import logging
 import os
 import signal as _signal
 import subprocess
+from datetime import timedelta
 from typing import Any
 
 import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from omegaconf import DictConfig
+
+from litforge.checkpoints import LastCheckpoint
+from litforge.checks import accelerator_is_cpu
+from litforge.elastic import torchrun
 
 log = logging.getLogger(__name__)
 
 
-def slurm_batch_job() -> bool:
-    """A job SLURM started (`sbatch`, `srun`), not an interactive shell in an allocation: the
-    processes Lightning treats as SLURM's (its `SLURMEnvironment.detect`)."""
-    return "SLURM_NTASKS" in os.environ and os.environ.get("SLURM_JOB_NAME") not in (
-        "bash",
-        "interactive",
-    )
-
-
-class SlurmRequeue(L.Callback):
-    """Under SLURM, on the job's warning signal before its time limit (`#SBATCH
-    --signal=SIGUSR1@120` in scripts/slurm.sbatch): stop after the current batch, save
-    `last.ckpt` as on SIGTERM (`litforge.checkpoints.LastCheckpoint`), and requeue the job
-    (`requeue_job`); the requeued job, the same command in the same folder, resumes from it
-    (`ckpt_path=auto`). Elsewhere it does nothing.
+class Restarts(L.Callback):
+    """Under torchrun, the restart-safe process group (`prepare_run`). Under SLURM, on the job's
+    warning signal before its time limit (`#SBATCH --signal=SIGUSR1@120` in
+    scripts/slurm.sbatch): stop after the current batch, save `last.ckpt` as on SIGTERM
+    (`litforge.checkpoints.LastCheckpoint`), and requeue the job (`requeue_job`); the requeued
+    job, the same command in the same folder, resumes from it (`ckpt_path=auto`). Elsewhere it
+    does nothing.
 
     Lightning's own requeue is turned off: it writes `hpc_ckpt_<n>.ckpt` from inside the signal
     handler, a second kind of checkpoint that only its own resuming finds.
     """
+
+    @classmethod
+    def prepare_run(cls, cfg: DictConfig) -> None:
+        """Under torchrun with restarts, form the job's process group in the restart-safe store
+        (the strategy's backend and timeout), before the Trainer is built."""
+        strategy, trainer = cfg.get("strategy") or {}, cfg.get("trainer") or {}
+        if not torchrun.shared_agent_store():
+            return
+        backend = strategy.get("process_group_backend") or (
+            "gloo" if accelerator_is_cpu(str(trainer.get("accelerator", "auto"))) else "nccl"
+        )
+        timeout = strategy.get("timeout")
+        timeout = instantiate(timeout) if timeout is not None else timedelta(minutes=30)
+        torchrun.form_process_group(backend, timeout)
 
     def __init__(self, signal: str = "SIGUSR1") -> None:
         if signal not in _signal.Signals.__members__:
@@ -60,6 +81,16 @@ class SlurmRequeue(L.Callback):
     def _on_signal(self, signum: int, frame: Any) -> None:
         log.info(f"{self.signal.name}: the job's time is nearly up; saving, then requeuing")
         self._signalled = True
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if not (self.requested and isinstance(exception, SIGTERMException)):
+            return
+        # Requeued only once last.ckpt is saved (Lightning calls checkpoint callbacks last).
+        for callback in trainer.checkpoint_callbacks:
+            if isinstance(callback, LastCheckpoint):
+                callback.on_exception(trainer, pl_module, exception)
+        if trainer.is_global_zero:
+            requeue_job()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not self._under_slurm:

@@ -1,6 +1,6 @@
 """Bigger than memory or one machine: image folders as streaming shards, with LitData.
 
-    python -m litforge.data optimize SRC_DIR OUT_DIR       # once; SRC_DIR/<split>/<class>/<image>
+    python -m litforge.streaming optimize SRC_DIR OUT_DIR  # once; SRC_DIR/<split>/<class>/<image>
     python train.py data=streaming data.input_dir=OUT_DIR  # OUT_DIR: a folder or s3://bucket/...
 
 `optimize_folder` checks and splits the folder as `data=image_folder` would (the same carved
@@ -96,7 +96,8 @@ def read_meta(input_dir: str) -> dict:
             except Exception as err:  # the clients raise their own types
                 raise UserError(
                     f"data.input_dir={input_dir}: cannot read {META_FILE} ({err}). Is it the "
-                    f"OUT_DIR of `python -m litforge.data optimize`, and are your credentials set?"
+                    f"OUT_DIR of `python -m litforge.streaming optimize`, and are your "
+                    f"credentials set?"
                 ) from None
     else:
         path = Path(input_dir).expanduser() / META_FILE
@@ -105,7 +106,7 @@ def read_meta(input_dir: str) -> dict:
         except (OSError, ValueError):
             raise UserError(
                 f"data.input_dir={input_dir} holds no streaming shards ({path} is missing or "
-                f"broken): make them with `python -m litforge.data optimize <image folder> "
+                f"broken): make them with `python -m litforge.streaming optimize <image folder> "
                 f"{input_dir}`."
             ) from None
     if meta.get("format") != META_FORMAT:

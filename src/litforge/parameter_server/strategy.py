@@ -40,8 +40,10 @@ from lightning.pytorch.strategies import DDPStrategy as _LightningDDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
+from omegaconf import DictConfig, OmegaConf
 
-from litforge.errors import UserError
+from litforge.errors import UserError, number_problem
+from litforge.runs import restarting_launcher
 from litforge.strategies import ReportsLostProcesses
 
 log = logging.getLogger(__name__)
@@ -521,6 +523,10 @@ class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _Ligh
         self.epoch_end_pushes, self._target_epoch = 0, -1  # async: epoch_end_pushes_for
         self._rounds = 0  # async: the meetings at the ends of epochs
 
+    @classmethod
+    def prepare_run(cls, cfg: DictConfig) -> None:
+        check_parameter_server(cfg)
+
     # Async mode: between an epoch's first batch and validation, Lightning sees one process.
     # Its SIGTERM broadcast before every batch (and the NaN check's reduction after it) would
     # make each step wait for the slowest worker, and hang when their step counts differ.
@@ -765,3 +771,60 @@ class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _Ligh
                 self.client.done(failed=trainer is None or trainer.interrupted)
         self.client = None
         super().teardown()
+
+
+def check_parameter_server(cfg: DictConfig) -> None:
+    """What `strategy=parameter_server` needs, named by config keys."""
+    trainer, strategy = cfg.trainer, cfg.strategy
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and restarting_launcher():
+        # Its groups meet in the store torchrun's agent keeps across restarts: restarted
+        # workers would look for the dead workers' addresses there (pytorch #135712).
+        raise UserError(
+            "strategy=parameter_server does not survive torchrun --max-restarts: use "
+            "strategy=ddp or strategy=model_parallel, or start torchrun with "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1."
+        )
+    for key, minimum in (("num_servers", 1), ("max_staleness", 0), ("push_every", 1)):
+        value = strategy.get(key)
+        if problem := number_problem(f"strategy.{key}", value, integer=True, minimum=minimum):
+            raise UserError(problem)
+    if strategy.mode not in MODES:
+        raise UserError(f"strategy.mode={strategy.mode} is not one of {', '.join(MODES)}.")
+    if isinstance(trainer.devices, int):
+        processes = trainer.devices * trainer.num_nodes
+        if processes <= strategy.num_servers:
+            raise UserError(
+                f"strategy=parameter_server with strategy.num_servers={strategy.num_servers} "
+                f"needs more processes than servers: trainer.devices x trainer.num_nodes is "
+                f"{processes}. Set trainer.devices={strategy.num_servers + 2} (2 workers), say."
+            )
+    unsupported = {
+        # a worker could clip only its own gradients, not what the servers apply
+        "trainer.gradient_clip_val": trainer.get("gradient_clip_val"),
+        # the loss scaler would step a local optimizer, which the servers replace
+        "trainer.precision=16-mixed": str(trainer.precision) == "16-mixed",
+    }
+    for setting, used in unsupported.items():
+        if used:
+            raise UserError(
+                f"{setting} is not supported with strategy=parameter_server (the servers step "
+                f"the optimizer). Remove it, or use strategy=ddp."
+            )
+    if strategy.mode != "async":
+        return
+    limit = trainer.get("limit_train_batches")
+    every_n = OmegaConf.select(cfg, "callbacks.last_checkpoint.every_n_train_steps", default=None)
+    # Async workers run different numbers of batches, with nothing in common between an epoch's
+    # first and last: what acts among them during an epoch would wait or mismatch.
+    during_epoch = {
+        "trainer.max_time": trainer.get("max_time"),
+        "callbacks.last_checkpoint.every_n_train_steps": every_n,
+        "trainer.val_check_interval": trainer.get("val_check_interval") not in (None, 1, 1.0),
+        "a fraction as trainer.limit_train_batches": isinstance(limit, float) and limit < 1,
+    }
+    for setting, used in during_epoch.items():
+        if used:
+            raise UserError(
+                f"{setting} is not supported with strategy.mode=async: it acts during an epoch, "
+                f"when async workers share nothing. Remove it, or use strategy.mode=sync."
+            )

@@ -1,13 +1,6 @@
-"""Jobs that a launcher restarts: torchrun (`--max-restarts`) after a lost worker, SLURM after a
-requeue. Each restart runs the same command again, and that command goes on where the last
-checkpoint left off; nothing here is needed otherwise.
-
-1. Which launcher restarts this job: `restarting_launcher`; the default of `ckpt_path`
-   (`${resume_default:}` in conf/train.yaml) is then `auto` (`litforge.resume.auto_checkpoint`).
-2. torchrun: `restart_safe_store`, the store that the restarted workers' process group meets in.
-
-SLURM's own part (a checkpoint and a requeue on the job's warning signal) is `litforge.slurm`.
-"""
+"""torchrun --max-restarts: the process group of a restarted job meets in `restart_safe_store`,
+formed by `form_process_group` before Lightning's strategy would form it (it keeps a group it
+finds made)."""
 
 from __future__ import annotations
 
@@ -18,45 +11,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from litforge import slurm
-
 log = logging.getLogger(__name__)
-
-# --- 1. which launcher ------------------------------------------------------------------------
-
-
-def restarting_launcher() -> str | None:
-    """ "torchrun" (with restarts left to it) or "slurm" when the launcher may run this job's
-    command again after a failure, else None."""
-    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0:
-        return "torchrun"
-    if slurm.slurm_batch_job():
-        return "slurm"
-    return None
-
-
-def resume_default() -> str | None:
-    """`${resume_default:}`: `auto` where a launcher restarts jobs, else None (start fresh)."""
-    return "auto" if restarting_launcher() else None
-
-
-def how_to_resume() -> str:
-    """How the job goes on after a stop: by itself under a launcher that restarts it."""
-    if restarting_launcher() == "torchrun":
-        if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:  # each machine counts its own
-            return "torchrun restarts the job while it has restarts left; it resumes by itself"
-        restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
-        done = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        if done < restarts:
-            return (
-                f"torchrun restarts the job (restart {done + 1} of {restarts}), which resumes "
-                f"from its last checkpoint"
-            )
-        return "torchrun has no restarts left; to resume, run it again with ckpt_path=last"
-    return "to resume, run the same command with ckpt_path=last"
-
-
-# --- 2. torchrun ------------------------------------------------------------------------------
 
 
 def shared_agent_store() -> bool:
@@ -116,3 +71,25 @@ def _agree_on_round(store: Any, rank: int, world_size: int, timeout: timedelta) 
         if waiting:
             time.sleep(0.05)
     return agreed
+
+
+def form_process_group(backend: str, timeout: timedelta) -> bool:
+    """The job's process group, in `restart_safe_store`, when this is a torchrun worker whose
+    agent serves the store; False elsewhere (Lightning forms it as usual)."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if dist.is_initialized() or world_size < 2:
+        return False
+    store = restart_safe_store(rank, world_size, timeout)
+    if store is None:
+        return False
+    device = None
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=world_size, timeout=timeout, device_id=device
+    )
+    return True

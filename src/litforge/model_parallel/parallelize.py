@@ -1,7 +1,7 @@
 """How each network is placed on a device mesh: one place per model, always in the order
 pipeline split → tensor parallel → compile → FSDP2 (torchtitan's order).
 
-`strategy=model_parallel` (`litforge.strategies.ModelParallelStrategy`) builds a mesh named
+`strategy=model_parallel` (`litforge.model_parallel.ModelParallelStrategy`) builds a mesh named
 `pipeline_parallel` × `data_parallel` × `tensor_parallel` (the first only when
 `strategy.pipeline_parallel_size` > 1) and hands it to `parallelize` with the module's `net`
 before the optimizers are built. The networks themselves (`models/mlp.py`, `models/cnn.py`)
@@ -10,7 +10,7 @@ know nothing of this.
 A pipeline split keeps a stage's layers where they are and puts `nn.Identity` in place of the
 others: parameter names stay the full network's, so the shards of all stages make up exactly the
 single-device checkpoint. Each stage runs its blocks through an `nn.Sequential` of the same
-layer objects (`litforge.stages` runs the schedule).
+layer objects (`litforge.model_parallel.stages` runs the schedule).
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def plan_for(net: nn.Module) -> tuple[Callable, Callable]:
     except KeyError:
         raise TypeError(
             f"strategy=model_parallel does not know how to place {type(net).__name__}: add its "
-            "blocks_* and parallelize_* functions to litforge/parallelize.py."
+            "blocks_* and parallelize_* functions to litforge/model_parallel/parallelize.py."
         ) from None
 
 

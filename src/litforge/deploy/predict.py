@@ -25,8 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 from litforge.console import print_config
 from litforge.data.image_folder import cannot_decode
 from litforge.data.images import BadImageError
-from litforge.errors import UserError, number_problem
-from litforge.inference import (
+from litforge.deploy.inference import (
     InputContract,
     image_files,
     load_classifier,
@@ -34,6 +33,7 @@ from litforge.inference import (
     pick_device,
     top_k,
 )
+from litforge.errors import UserError, number_problem
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
-"""Jobs a launcher restarts (litforge.elastic): torchrun after a killed or hung worker, SLURM after
-a requeue or a lost node. Each restart resumes from the last checkpoint by itself (`ckpt_path`
-defaults to `auto` there) and ends where an uninterrupted run ends."""
+"""Jobs a launcher restarts (litforge.elastic, callbacks.restarts): torchrun after a killed or hung
+worker, SLURM after a requeue or a lost node. Each restart resumes from the last checkpoint by
+itself (`ckpt_path` defaults to `auto` there) and ends where an uninterrupted run ends."""
 
 import os
 import re
@@ -16,17 +16,14 @@ import torch
 from helpers import (
     RESUMABLE,
     ROOT,
+    SLURM,
     assert_same_run,
-    compose_config,
     free_port,
-    run_in_process,
     tiny_run_args,
     write_idx_dataset,
 )
 
-from litforge import elastic
-from litforge.errors import UserError
-from litforge.resume import run_dir
+from litforge.elastic import torchrun as restart_store
 
 
 @pytest.fixture(scope="module")
@@ -132,18 +129,6 @@ def test_torchrun_restarts_a_lost_worker_and_the_job_ends_as_if_uninterrupted(
     assert_same_run(run, uninterrupted_torchrun)
 
 
-def test_a_strategy_that_cannot_restart_under_torchrun_is_refused(launched):
-    from lightning.pytorch.strategies import DDPStrategy as LightningDDP
-
-    from litforge.checks import check_restartable
-    from litforge.strategies import DDPStrategy
-
-    launched(TORCHELASTIC_MAX_RESTARTS="1", TORCHELASTIC_USE_AGENT_STORE="True", WORLD_SIZE="2")
-    check_restartable(DDPStrategy())
-    with pytest.raises(UserError, match="Use strategy=ddp or strategy=model_parallel"):
-        check_restartable(LightningDDP())  # what strategy=auto picks for several devices
-
-
 def test_processes_of_each_start_agree_on_a_name_that_no_earlier_start_used():
     # torchrun's agent keeps its store across restarts: keys of the first start stay in it.
     server = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -156,7 +141,7 @@ def test_processes_of_each_start_agree_on_a_name_that_no_earlier_start_used():
             client = torch.distributed.TCPStore(
                 "127.0.0.1", server.port, is_master=False, timeout=timeout
             )
-            agreed[rank] = elastic._agree_on_round(client, rank, world_size, timeout)
+            agreed[rank] = restart_store._agree_on_round(client, rank, world_size, timeout)
 
         # rank `first` starts first: rank 0 may see a stale hello before the fresh one
         order = [first] + [r for r in range(world_size) if r != first]
@@ -173,117 +158,6 @@ def test_processes_of_each_start_agree_on_a_name_that_no_earlier_start_used():
     for names in (first, second, third):
         assert len(set(names)) == 1 and names[0], names
     assert len({first[0], second[0], third[0]}) == 3
-
-
-# --- where a restarted job goes on ------------------------------------------------------------
-
-SLURM = {  # one task of a job of two on one node, as srun starts them
-    "SLURM_NTASKS": "2",
-    "SLURM_NTASKS_PER_NODE": "2",
-    "SLURM_NODEID": "0",
-    "SLURM_PROCID": "0",
-    "SLURM_LOCALID": "0",
-    "SLURM_JOB_NAME": "litforge",
-    "SLURM_NODELIST": "127.0.0.1",
-    "SLURM_JOB_NUM_NODES": "1",
-}
-LAUNCHER_VARIABLES = [
-    *SLURM,
-    "SLURM_JOB_ID",
-    "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_MAX_RESTARTS",
-    "TORCHELASTIC_USE_AGENT_STORE",
-    "GROUP_WORLD_SIZE",
-]
-
-
-@pytest.fixture
-def launched(monkeypatch):
-    """Set the environment a launcher gives its processes."""
-    for name in LAUNCHER_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-
-    def launch(**variables: str) -> None:
-        for name, value in variables.items():
-            monkeypatch.setenv(name, value)
-
-    return launch
-
-
-@pytest.mark.parametrize(
-    ("variables", "default"),
-    [
-        ({}, None),
-        ({"TORCHELASTIC_RUN_ID": "j", "TORCHELASTIC_MAX_RESTARTS": "0"}, None),
-        ({"TORCHELASTIC_RUN_ID": "j", "TORCHELASTIC_MAX_RESTARTS": "3"}, "auto"),
-        ({**SLURM, "SLURM_JOB_ID": "12"}, "auto"),
-        ({**SLURM, "SLURM_JOB_ID": "12", "SLURM_JOB_NAME": "bash"}, None),  # srun --pty bash
-    ],
-    ids=["plain", "torchrun", "torchrun-restarts", "slurm", "slurm-interactive"],
-)
-def test_ckpt_path_is_auto_where_a_launcher_restarts_the_job(
-    tmp_path, launched, variables, default
-):
-    launched(**variables)
-    assert compose_config("train", tmp_path).ckpt_path == default
-
-
-def test_auto_goes_on_in_the_jobs_folder_or_this_commands_unfinished_run(tmp_path, launched):
-    runs = tmp_path / "runs"
-    for age, (name, overrides, finished) in enumerate(
-        [
-            ("c", ["model=mlp"], False),  # another command, the newest
-            ("b", ["model=cnn"], True),  # newer than a, but done: metrics.json
-            ("a", ["model=cnn"], False),
-        ]
-    ):
-        (runs / name / "checkpoints").mkdir(parents=True)
-        (runs / name / "checkpoints" / "last.ckpt").write_bytes(b"")
-        os.utime(runs / name / "checkpoints" / "last.ckpt", (1e9 - age, 1e9 - age))
-        (runs / name / ".hydra").mkdir()
-        (runs / name / ".hydra" / "overrides.yaml").write_text(
-            "".join(f"- {o}\n" for o in overrides)
-        )
-        if finished:
-            (runs / name / "metrics.json").write_text("{}")
-    assert run_dir(str(runs), "auto", ["model=cnn"]) == str(runs / "a")
-    fresh = run_dir(str(runs), "auto", ["model=cnn", "seed=3"])
-    assert Path(fresh).parent == runs and Path(fresh).name not in "abc"
-
-    launched(TORCHELASTIC_RUN_ID="job7", TORCHELASTIC_MAX_RESTARTS="1")
-    assert run_dir(str(runs), "auto", ["model=cnn"]) == str(runs / "torchrun-job7")
-
-
-@pytest.mark.slow  # two interpreters that import Lightning
-def test_torchrun_restarts_without_a_rendezvous_id(tmp_path, launched):
-    # One machine: the restarted workers share their agent (here: this process), which names
-    # the folder.
-    launched(TORCHELASTIC_RUN_ID="none", TORCHELASTIC_MAX_RESTARTS="1")
-    worker = "from litforge.resume import run_dir; import sys; print(run_dir(sys.argv[1], 'auto'))"
-    folders = {
-        subprocess.run(
-            [sys.executable, "-c", worker, str(tmp_path)], capture_output=True, text=True
-        ).stdout.strip()
-        for _ in range(2)
-    }
-    assert len(folders) == 1 and folders.pop().endswith(f"-{os.getpid()}")
-    # Several machines: each has its own agent; only the user can name the job.
-    launched(GROUP_WORLD_SIZE="2")
-    with pytest.raises(UserError, match="needs --rdzv-id=<job name>"):
-        run_dir(str(tmp_path), "auto", [])
-
-
-def test_a_job_without_a_name_on_several_machines_is_one_line_from_the_cli(tmp_path):
-    several = {"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_MAX_RESTARTS": "1"}
-    result = run_in_process(
-        "train.py", f"paths.log_dir={tmp_path}", env={**several, "GROUP_WORLD_SIZE": "2"}
-    )
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1] == (
-        "error: torchrun with --max-restarts on several machines needs --rdzv-id=<job name>: "
-        "it names the run folder that restarted workers go back to."
-    )
-    assert not any(tmp_path.iterdir())
 
 
 # --- SLURM ------------------------------------------------------------------------------------
@@ -343,7 +217,7 @@ def test_a_requeued_slurm_job_resumes_from_its_last_checkpoint(
     if fault == "SIGUSR1":  # the time-limit warning: both save mid-epoch, requeue, stop
         assert statuses == [143, 143], output[-3000:]
         # signalled after step 32, where the tasks had agreed already: both stop after step 33
-        assert "Stopped by SLURM while training at epoch 1, step 33" in output
+        assert "Stopped while training at epoch 1, step 33" in output
         assert "the requeued job resumes from it" in output
         assert (bin_dir / "calls").read_text() == f"requeue {job}\n"
         resumed_from = "last.ckpt (epoch 1, step 33)"

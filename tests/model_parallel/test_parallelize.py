@@ -1,6 +1,7 @@
 """`strategy=model_parallel`: FSDP2 and tensor parallelism over CPU processes (gloo): the
-parameters sharded as litforge/parallelize.py says, both checkpoint formats, resuming from each,
-and single-device evaluation of the result (a folder of shards read directly)."""
+parameters sharded as litforge/model_parallel/parallelize.py says, both checkpoint formats,
+resuming from each, and single-device evaluation of the result (a folder of shards read
+directly)."""
 
 import json
 import math

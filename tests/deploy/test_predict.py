@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, compose_config, run_in_process
 
+from litforge.deploy.predict import predict
 from litforge.errors import UserError
-from litforge.predict import predict
 
 
 def read_rows(run_dir) -> dict[str, dict[str, str]]:

@@ -8,8 +8,8 @@ import pytest
 import torch
 from helpers import compose_config
 
+from litforge.deploy.export import export
 from litforge.errors import UserError
-from litforge.export import export
 
 
 def png_test_images(trained_images) -> tuple[np.ndarray, list[int]]:
@@ -70,7 +70,7 @@ def test_export_beyond_the_tolerance_fails_and_leaves_no_file(
     tmp_path, trained_images, monkeypatch
 ):
     # An exporter that translated an operator wrongly: the check sees other logits.
-    monkeypatch.setattr("litforge.export.compare", lambda *models: (0.5, 0.75))
+    monkeypatch.setattr("litforge.deploy.export.compare", lambda *models: (0.5, 0.75))
     overrides = [f"ckpt_path={trained_images.checkpoint}", "format=onnx"]
     with pytest.raises(UserError, match=r"other logits .*5\.00e-01 > export\.tolerance=0\.0001"):
         export(compose_config("export", tmp_path, overrides))

@@ -1,5 +1,5 @@
 """Pipeline-parallel steps (`strategy.pipeline_parallel_size` > 1): this process's stages of the
-network (`litforge.parallelize.split`) run by one of torch.distributed.pipelining's schedules.
+network (`parallelize.split`) run by one of torch.distributed.pipelining's schedules.
 
 Each batch is cut into `strategy.microbatches` slices that flow through the stages one after
 another, so that all stages work at once after the first few. The schedule runs the backward
@@ -29,7 +29,7 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
 )
 
-from litforge.parallelize import parallelize
+from litforge.model_parallel.parallelize import parallelize
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
-"""`strategy.pipeline_parallel_size` > 1 (litforge/stages.py): stages of the network on their own
-processes (gloo on CPUs), run by torch.distributed.pipelining's schedules. Each run's steps,
-losses and consolidated weights equal one process training on the same global batches, and its
-folder of shards evaluates on one device to its own test accuracy."""
+"""`strategy.pipeline_parallel_size` > 1 (litforge/model_parallel/stages.py): stages of the
+network on their own processes (gloo on CPUs), run by torch.distributed.pipelining's schedules.
+Each run's steps, losses and consolidated weights equal one process training on the same global
+batches, and its folder of shards evaluates on one device to its own test accuracy."""
 
 import json
 

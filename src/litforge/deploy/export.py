@@ -24,8 +24,7 @@ from omegaconf import DictConfig
 import litforge
 from litforge.console import print_config
 from litforge.data.images import BadImageError
-from litforge.errors import UserError, number_problem
-from litforge.inference import (
+from litforge.deploy.inference import (
     METADATA_KEY,
     ImageClassifier,
     InputContract,
@@ -33,6 +32,7 @@ from litforge.inference import (
     image_files,
     load_classifier,
 )
+from litforge.errors import UserError, number_problem
 
 log = logging.getLogger(__name__)
 

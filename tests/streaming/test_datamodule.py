@@ -1,4 +1,4 @@
-"""`data=streaming`: `python -m litforge.data optimize` on real image files, then training from
+"""`data=streaming`: `python -m litforge.streaming optimize` on real image files, then training from
 the LitData shards — on one process, on two (DDP), and resumed after a kill -9."""
 
 import json
@@ -21,14 +21,14 @@ from litforge.errors import UserError
 
 pytest.importorskip("litdata", reason="data=streaming needs litdata: pip install -e '.[dev]'")
 
-from litforge.data.streaming import META_FILE, StreamingDataModule, optimize_folder  # noqa: E402
 from litforge.pipeline import train  # noqa: E402
+from litforge.streaming.datamodule import META_FILE, StreamingDataModule, optimize_folder  # noqa: E402
 
 CLASSES = ("cat", "dog", "fox")
 
 
 def optimize_cli(source, output, *extra):
-    return run_in_process("-m", "litforge.data", "optimize", str(source), str(output), *extra)
+    return run_in_process("-m", "litforge.streaming", "optimize", str(source), str(output), *extra)
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +121,7 @@ def test_what_cannot_stream_is_one_clear_error(tmp_path, shards):
     source, output = shards
     with pytest.raises(UserError, match="exists and is not empty"):
         optimize_folder(str(source), str(output))
-    with pytest.raises(UserError, match="holds no streaming shards.*litforge.data optimize"):
+    with pytest.raises(UserError, match="holds no streaming shards.*litforge.streaming optimize"):
         StreamingDataModule(input_dir=str(tmp_path)).model_arguments()
     with pytest.raises(ValueError, match="balance=sampler needs random access"):
         StreamingDataModule(input_dir=str(output), balance="sampler")

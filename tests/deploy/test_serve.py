@@ -26,9 +26,9 @@ from helpers import (
     write_cnn_checkpoint,
 )
 
+from litforge.deploy.inference import InputContract, load_classifier, top_k
+from litforge.deploy.serve import Answers, AnswerWithin, ImageClassifierAPI, serve
 from litforge.errors import UserError
-from litforge.inference import InputContract, load_classifier, top_k
-from litforge.serve import Answers, AnswerWithin, ImageClassifierAPI, serve
 
 LIMIT = 200_000  # server.max_body_bytes of the test server
 ANSWER_SECONDS = 30  # a photo's answer comes in well under 1 s: longer is a hung server

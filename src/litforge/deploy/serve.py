@@ -39,8 +39,8 @@ from starlette.concurrency import run_in_threadpool
 
 from litforge.console import print_config
 from litforge.data.images import BadImageError
+from litforge.deploy.inference import InputContract, load_classifier, model_source, top_k
 from litforge.errors import UserError, number_problem
-from litforge.inference import InputContract, load_classifier, model_source, top_k
 
 log = logging.getLogger(__name__)
 

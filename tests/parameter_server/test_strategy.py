@@ -1,6 +1,6 @@
 """`strategy=parameter_server`: servers hold the parameters and the optimizer state, workers push
-gradients and pull parameters (litforge/parameter_server.py). Multi-process runs are `train.py`
-subprocesses with a timeout and their own port."""
+gradients and pull parameters (litforge/parameter_server/strategy.py). Multi-process runs are
+`train.py` subprocesses with a timeout and their own port."""
 
 import json
 import os
@@ -22,10 +22,15 @@ from helpers import (
     write_idx_dataset,
 )
 
-from litforge.checks import check_strategy
 from litforge.errors import UserError
-from litforge.parameter_server import PeerLost, Server, ServerClient, _Channel, split_by_size
-from litforge.pipeline import evaluate, train
+from litforge.parameter_server.strategy import (
+    PeerLost,
+    Server,
+    ServerClient,
+    _Channel,
+    split_by_size,
+)
+from litforge.pipeline import evaluate, prepare_run, train
 
 
 def test_parameters_are_split_across_servers_by_size():
@@ -147,7 +152,16 @@ def test_settings_that_cannot_work_are_refused_before_launch(tmp_path, overrides
         "train", tmp_path, ["strategy=parameter_server", "trainer.accelerator=cpu", *overrides]
     )
     with pytest.raises(UserError, match=message):
-        check_strategy(cfg)
+        prepare_run(cfg)
+
+
+def test_torchrun_restarts_are_refused(tmp_path, monkeypatch):
+    # Its groups would meet in the store torchrun's agent keeps across restarts.
+    cfg = compose_config("train", tmp_path, ["strategy=parameter_server", "trainer.devices=3"])
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    with pytest.raises(UserError, match="does not survive torchrun --max-restarts: use"):
+        prepare_run(cfg)
 
 
 def ps_env() -> dict[str, str]:

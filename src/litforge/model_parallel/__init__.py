@@ -1,0 +1,6 @@
+"""Model parallelism: FSDP2, tensor and pipeline parallelism (`strategy=model_parallel`).
+A feature folder: it imports the core, nothing in the core imports it (docs/model_parallel.md)."""
+
+from litforge.model_parallel.strategy import ModelParallelStrategy
+
+__all__ = ["ModelParallelStrategy"]
