@@ -218,7 +218,7 @@ def test_a_requeued_slurm_job_resumes_from_its_last_checkpoint(
         assert statuses == [143, 143], output[-3000:]
         # signalled after step 32, where the tasks had agreed already: both stop after step 33
         assert "Stopped while training at epoch 1, step 33" in output
-        assert "the requeued job resumes from it" in output
+        assert f"Requeued SLURM job {job}: it resumes from its last checkpoint." in output
         assert (bin_dir / "calls").read_text() == f"requeue {job}\n"
         resumed_from = "last.ckpt (epoch 1, step 33)"
     else:  # a lost node: the other task stops with one line; back to the epoch's checkpoint
