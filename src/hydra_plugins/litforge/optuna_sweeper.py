@@ -150,6 +150,9 @@ NOT_SETUP = (
     "data.pin_memory",
     "data.cache",
 )
+# Keys left out while they hold the value given here, which follows from a key of the setup:
+# a study keeps its name when the configs gain such a key.
+IMPLIED = {"data.seed": "${seed}"}
 SETUP_ATTR = "setup"  # the study's user attribute holding its setup (JSON), to tell setups apart
 
 
@@ -165,13 +168,14 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 
 def setup_of(config: DictConfig, searched: list[str]) -> dict[str, Any]:
     """What a trial trains with apart from the searched keys: the config as written (unresolved:
-    `${paths...}` stays text), flattened, less `NOT_SETUP` and `searched`."""
+    `${paths...}` stays text), flattened, less `NOT_SETUP`, `searched` and `IMPLIED` values."""
     left_out = [*NOT_SETUP, *(key.lstrip("+") for key in searched)]
     flat = _flatten(OmegaConf.to_container(config, resolve=False))
     return {
         key: value
         for key, value in flat.items()
         if not any(key == out or key.startswith(f"{out}.") for out in left_out)
+        and not (key in IMPLIED and value == IMPLIED[key])
     }
 
 
