@@ -174,7 +174,7 @@ def reported(task):
 
     @functools.wraps(task)
     def run(cfg: Any) -> Any:
-        new_folder = _new_run_dir()
+        new_folder = _new_run_dir(cfg)
         try:
             return task(cfg)
         except Exception as err:
@@ -190,7 +190,7 @@ def reported(task):
     return run
 
 
-def _new_run_dir() -> Path | None:
+def _new_run_dir(cfg: Any) -> Path | None:
     """The run folder, when Hydra has just made it for this process: it holds only what Hydra
     writes before the task (`.hydra/*.yaml`, an empty log file). None for a sweep's job (the
     sweep summary lists its folder with its error), in the processes of a multi-process job
@@ -200,8 +200,8 @@ def _new_run_dir() -> Path | None:
     from hydra.types import RunMode
 
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.RUN:
-        return None
-    if os.environ.get("LITFORGE_SWEEP"):  # a job of the subprocess launcher
+        return None  # (a sweep's job under Hydra's own launchers: MULTIRUN)
+    if cfg.get("sweep_name"):  # a job of the subprocess launcher, which runs it as a single run
         return None
     if any(os.environ.get(rank, "0") != "0" for rank in _RANKS):
         return None

@@ -151,6 +151,7 @@ NOT_SETUP = (
     "extras",
     "tags",
     "task_name",
+    "sweep_name",  # the job's sweep (set by the launcher)
     "callbacks.rich_progress_bar",
     "callbacks.optuna_pruning",  # reports to the pruner; the pruner is the sweeper's setting
     "data.num_workers",
