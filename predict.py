@@ -3,11 +3,12 @@
 import hydra
 from omegaconf import DictConfig
 
-from litforge.errors import reported
+from litforge.errors import one_line_errors, reported
 
 
+@one_line_errors  # a mistake in the input: one `error:` line and exit status 1 (errors.py)
 @hydra.main(config_path="conf", config_name="predict", version_base="1.3")
-@reported  # a mistake in the input: one `error:` line and exit status 1
+@reported  # likewise once the config has composed; a run folder left empty goes
 def main(cfg: DictConfig) -> None:
     from litforge.deploy.predict import predict  # after composing: see train.py
 

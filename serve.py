@@ -7,11 +7,12 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from litforge.errors import UserError, reported
+from litforge.errors import UserError, one_line_errors, reported
 
 
+@one_line_errors  # a mistake in the input: one `error:` line and exit status 1 (errors.py)
 @hydra.main(config_path="conf", config_name="serve", version_base="1.3")
-@reported  # a mistake in the input: one `error:` line and exit status 1
+@reported  # likewise once the config has composed; a run folder left empty goes
 def main(cfg: DictConfig) -> None:
     try:
         from litforge.deploy.serve import serve  # LitServe: installed with the [serve] extra

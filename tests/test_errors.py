@@ -1,10 +1,13 @@
 """Bad input ends a run with one clear message and a non-zero exit, not a traceback."""
 
+import os
 import re
+import runpy
+import sys
 
 import pytest
 import torch
-from helpers import compose_config, go_offline, run_in_process, run_script
+from helpers import ROOT, compose_config, go_offline, run_in_process, run_script
 
 from litforge.errors import UserError
 from litforge.pipeline import evaluate, train
@@ -233,9 +236,55 @@ def test_the_error_line_is_written_whole(monkeypatch):
         def flush(self) -> None:
             pass
 
+    @errors.one_line_errors
+    def main():
+        raise UserError("data.root is missing")
+
     monkeypatch.setattr("sys.stderr", Console())
-    errors._excepthook(UserError, UserError("data.root is missing"), None)
+    with pytest.raises(SystemExit) as exit:
+        main()
+    assert exit.value.code == 1
     assert Console.writes == ["error: data.root is missing\n"]
+
+
+@pytest.mark.parametrize("script", ["train.py", "eval.py", "predict.py", "export.py", "serve.py"])
+def test_importing_an_entry_point_changes_nothing_in_the_process(monkeypatch, script):
+    for name in ("HYDRA_FULL_ERROR", "LITFORGE_FULL_ERROR"):
+        monkeypatch.setenv(name, "")  # (put back after the test, whatever the import did)
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    environ, hook = dict(os.environ), sys.excepthook
+    runpy.run_path(str(ROOT / script), run_name="imported")  # its module's code, not main()
+    assert dict(os.environ) == environ
+    assert sys.excepthook is hook
+
+
+@pytest.mark.parametrize("user", [None, "1"])
+def test_hydra_hands_its_errors_on_while_an_entry_point_runs(monkeypatch, capsys, user):
+    # HYDRA_FULL_ERROR=1 while `main` runs, the user's own choice in LITFORGE_FULL_ERROR for the
+    # processes it starts; both as they were afterwards.
+    from hydra.errors import ConfigCompositionException
+
+    from litforge import errors
+
+    for name in ("HYDRA_FULL_ERROR", "LITFORGE_FULL_ERROR"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    if user:
+        monkeypatch.setenv("HYDRA_FULL_ERROR", user)
+    environ, seen = dict(os.environ), {}
+
+    @errors.one_line_errors
+    def main():
+        seen.update(os.environ)
+        raise ConfigCompositionException("nosuch: not in the config")  # as Hydra raises them
+
+    with pytest.raises(ConfigCompositionException if user else SystemExit):
+        main()
+    assert seen["HYDRA_FULL_ERROR"] == "1"
+    assert seen["LITFORGE_FULL_ERROR"] == (user or "")
+    assert dict(os.environ) == environ
+    assert capsys.readouterr().err == ("" if user else "error: nosuch: not in the config\n")
 
 
 @pytest.mark.parametrize(

@@ -53,10 +53,18 @@ def test_offline_without_credentials_online_with_a_key(tmp_path, no_credentials,
 
 
 @needs["wandb"]
-def test_jobs_of_a_sweep_share_a_group(tmp_path, no_credentials, monkeypatch):
-    monkeypatch.setenv("LITFORGE_SWEEP", "2026-11-22_10-00-00")
-    logger = WandbLogger(project="p", save_dir=str(tmp_path))
+def test_jobs_of_a_sweep_share_a_group(tmp_path, no_credentials):
+    # The launcher gives each job of a sweep `++sweep_name=<the sweep folder's name>`.
+    from hydra.utils import instantiate
+
+    job = compose_config("train", tmp_path, ["logger=wandb", "++sweep_name=2026-11-22_10-00-00"])
+    logger = instantiate(job.logger.wandb)
     assert logger._wandb_init["group"] == "2026-11-22_10-00-00"
+    single = compose_config("train", tmp_path, ["logger=wandb"])
+    assert instantiate(single.logger.wandb)._wandb_init.get("group") is None
+    own = ["logger=wandb", "++sweep_name=s", "logger.wandb.group=mine"]  # the user's choice wins
+    logger = instantiate(compose_config("train", tmp_path, own).logger.wandb)
+    assert logger._wandb_init["group"] == "mine"
 
 
 @needs["wandb"]

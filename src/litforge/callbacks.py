@@ -1,10 +1,9 @@
-"""Callbacks of our own, each listed in conf/callbacks/ (the Optuna one in conf/hparams_search/).
-The ones about checkpoints and resuming are in `litforge.resume`, the plots in
-`litforge.models.classifier`."""
+"""Callbacks of our own, each listed in conf/callbacks/. The ones about checkpoints are in
+`litforge.checkpoints`, SLURM's requeue in `litforge.slurm`; the Optuna search's (pruning) is
+part of the search, in `hydra_plugins/litforge/_optuna_pruning.py`."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -145,48 +144,6 @@ class RichModelSummary(_LightningRichModelSummary):
         console = rich.get_console()
         console.print(table)
         console.print("\n".join(f"[bold]{k}[/]: {v}" for k, v in totals.items()), highlight=False)
-
-
-class OptunaPruning(L.Callback):
-    """Report `monitor` to the Optuna trial after each validation epoch and stop training when
-    the study's pruner says the trial is hopeless; the sweeper then records the trial as PRUNED.
-
-    `trial` is what the Optuna sweeper (hydra_plugins.litforge.optuna_sweeper) hands each job of a
-    search with a pruner, in the environment variable LITFORGE_OPTUNA_TRIAL (JSON: trial_id,
-    study_name, storage, pruner); without it (a run outside a search) this does nothing.
-    """
-
-    def __init__(self, monitor: str, trial: str | None = None) -> None:
-        self.monitor, self.trial = monitor, None
-        if not trial:
-            return
-        import optuna
-        from hydra.utils import instantiate
-
-        spec = json.loads(trial)
-        study = optuna.load_study(
-            study_name=spec["study_name"],
-            storage=spec["storage"],
-            pruner=instantiate(spec["pruner"]),  # the search's pruner decides
-        )
-        # Optuna's way to reach a trial from another process: the study and the trial's id.
-        self.trial = optuna.trial.Trial(study, spec["trial_id"])
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.trial is None or trainer.sanity_checking:
-            return
-        if self.monitor not in trainer.callback_metrics:
-            return
-        epoch = trainer.current_epoch
-        prune = False
-        if trainer.is_global_zero:
-            self.trial.report(float(trainer.callback_metrics[self.monitor]), step=epoch)
-            prune = self.trial.should_prune()
-            if prune:
-                self.trial.set_user_attr("pruned_at_epoch", epoch)
-                print(f"Optuna pruned trial {self.trial.number} after epoch {epoch}.", flush=True)
-        # Every process stops together, as rank 0 decided.
-        trainer.should_stop = trainer.should_stop or trainer.strategy.broadcast(prune)
 
 
 class LogRunConfig(L.Callback):

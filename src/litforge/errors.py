@@ -1,7 +1,16 @@
 """Bad input ends in one line that says what is wrong and how to fix it, and exit status 1
 (`HYDRA_FULL_ERROR=1`: the traceback): `UserError` for problems our code finds, `one_line` for
 Hydra's and OmegaConf's (an unknown option or key, a `_target_` that does not import, a value a
-constructor refuses), `reported` to decorate the entry points' task functions.
+constructor refuses). An entry point gets both with two decorators, and nothing happens when its
+module is imported:
+
+    @one_line_errors  # while main runs: Hydra's own errors too (sets HYDRA_FULL_ERROR)
+    @hydra.main(config_path="conf", config_name="train", version_base="1.3")
+    @reported  # the task's errors; a run folder left empty goes
+    def main(cfg): ...
+
+This module owns litforge's one environment variable, LITFORGE_FULL_ERROR (see
+`one_line_errors`).
 """
 
 from __future__ import annotations
@@ -156,29 +165,64 @@ def _arguments(target: str) -> list[str]:
         return []
 
 
-def reported(task):
-    """Decorate an entry point's task, under `@hydra.main`: a mistake of the user's (`one_line`),
-    in the command line, the config or the run, ends in one `error:` line and exit status 1,
-    and the run folder Hydra made for it goes if the run wrote nothing there but Hydra's files
-    and logs (`_remove_unused`).
+# The user's own HYDRA_FULL_ERROR while an entry point runs, for its process and the processes
+# it starts (see `one_line_errors`).
+FULL_ERROR = "LITFORGE_FULL_ERROR"
 
-    Hydra prints its own errors over several lines, and hands them on only when
-    HYDRA_FULL_ERROR is set (hydra 1.3 has no hook for them; hydra #3361): it is set here, they
-    reach `sys.excepthook`, and the user's own choice is kept in LITFORGE_FULL_ERROR for this
-    process and the processes it starts.
+
+def _full_error() -> bool:
+    """Whether the user asked for tracebacks (HYDRA_FULL_ERROR=1)."""
+    return os.environ.get(FULL_ERROR, os.environ.get("HYDRA_FULL_ERROR")) == "1"
+
+
+def one_line_errors(main):
+    """Decorate an entry point's `main`, above `@hydra.main`: while it runs, a mistake of the
+    user's that Hydra finds (an override it cannot parse, an unknown option or key) ends in one
+    `error:` line and exit status 1 too, as `reported` does for those found later.
+
+    Hydra prints its own errors over several lines, and hands them on only when HYDRA_FULL_ERROR
+    is set (hydra 1.3 has no hook for them; hydra #3361). So while `main` runs HYDRA_FULL_ERROR
+    is 1, and what comes out of `main` is told here. The processes `main` starts (DDP's, a
+    sweep's jobs) inherit that 1: the user's own choice goes with it in LITFORGE_FULL_ERROR.
+    Both are put back when `main` ends.
     """
-    wanted = os.environ.setdefault("LITFORGE_FULL_ERROR", os.environ.get("HYDRA_FULL_ERROR", ""))
-    if wanted != "1":
+
+    @functools.wraps(main)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        saved = {name: os.environ.get(name) for name in (FULL_ERROR, "HYDRA_FULL_ERROR")}
+        os.environ[FULL_ERROR] = "1" if _full_error() else ""
         os.environ["HYDRA_FULL_ERROR"] = "1"
-        sys.excepthook = _excepthook
+        try:
+            return main(*args, **kwargs)
+        except Exception as err:
+            if _full_error() or (line := one_line(err)) is None:
+                raise  # the traceback
+            _say_error(line)
+            sys.exit(1)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+    return run
+
+
+def reported(task):
+    """Decorate an entry point's task, under `@hydra.main`: a mistake of the user's (`one_line`)
+    in the config's values or found during the run ends in one `error:` line and exit status 1,
+    and the run folder Hydra made for it goes if the run wrote nothing there but Hydra's files
+    and logs (`_remove_unused`). Hydra's own errors, before the task: `one_line_errors`.
+    """
 
     @functools.wraps(task)
     def run(cfg: Any) -> Any:
-        new_folder = _new_run_dir()
+        new_folder = _new_run_dir(cfg)
         try:
             return task(cfg)
         except Exception as err:
-            if wanted == "1" or (line := one_line(err)) is None or _in_sweep():
+            if _full_error() or (line := one_line(err)) is None or _in_sweep():
                 # (HYDRA_FULL_ERROR=1: the run folder stays, with the traceback in its log.)
                 raise  # in a sweep of Hydra's basic launcher: a failed job Hydra records
             _to_log_files(f"error: {line}\n{traceback.format_exc()}")
@@ -190,7 +234,7 @@ def reported(task):
     return run
 
 
-def _new_run_dir() -> Path | None:
+def _new_run_dir(cfg: Any) -> Path | None:
     """The run folder, when Hydra has just made it for this process: it holds only what Hydra
     writes before the task (`.hydra/*.yaml`, an empty log file). None for a sweep's job (the
     sweep summary lists its folder with its error), in the processes of a multi-process job
@@ -200,8 +244,8 @@ def _new_run_dir() -> Path | None:
     from hydra.types import RunMode
 
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.RUN:
-        return None
-    if os.environ.get("LITFORGE_SWEEP"):  # a job of the subprocess launcher
+        return None  # (a sweep's job under Hydra's own launchers: MULTIRUN)
+    if cfg.get("sweep_name"):  # a job of the subprocess launcher, which runs it as a single run
         return None
     if any(os.environ.get(rank, "0") != "0" for rank in _RANKS):
         return None
@@ -259,14 +303,6 @@ def _to_log_files(text: str) -> None:
         if isinstance(handler, logging.FileHandler):
             handler.stream.write(text)
             handler.flush()
-
-
-def _excepthook(kind: type[BaseException], err: BaseException, trace: Any) -> None:
-    line = one_line(err) if isinstance(err, Exception) else None
-    if line is None:
-        sys.__excepthook__(kind, err, trace)
-    else:
-        _say_error(line)
 
 
 def _say_error(line: str) -> None:

@@ -31,15 +31,14 @@ def wandb_has_credentials() -> bool:
 class WandbLogger(_LightningWandbLogger):
     """Weights & Biases that never waits for a login: without credentials (or with
     `WANDB_MODE=offline`) it logs offline, says so once, and names the `wandb sync` command that
-    uploads the run later. Jobs of one sweep share a group (the sweep's folder name)."""
+    uploads the run later. (Jobs of one sweep share a group: conf/logger/wandb.yaml gives
+    `group` the config's `sweep_name`.)"""
 
     def __init__(
         self, offline: bool | None = None, resume_from: str | None = None, **kwargs: Any
     ) -> None:
         if offline is None:
             offline = os.environ.get("WANDB_MODE") == "offline" or not wandb_has_credentials()
-        if not kwargs.get("group"):
-            kwargs["group"] = os.environ.get("LITFORGE_SWEEP") or None
         if resume_from and not kwargs.get("id"):
             # A resumed training run (ckpt_path=...) goes on in the wandb run of its folder.
             run_id = previous_wandb_run(Path(kwargs.get("save_dir") or ".") / "wandb")

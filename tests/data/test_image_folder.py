@@ -112,6 +112,21 @@ def test_worker_processes_give_the_same_batches(tmp_path):
         assert torch.equal(a, b) and torch.equal(la, lb)
 
 
+def test_the_runs_seed_orders_and_augments_the_epochs(tmp_path, monkeypatch):
+    # From the config (`data.seed: ${seed}`), not from Lightning's PL_GLOBAL_SEED.
+    monkeypatch.setenv("PL_GLOBAL_SEED", "7")
+    root = folder(tmp_path, train=12)
+    cfg = compose_config("train", tmp_path, ["data=image_folder", f"data.root={root}", "seed=3"])
+    assert cfg.data.seed == 3
+    dm = make(root, seed=3, crop_scale=[0.5, 1])
+    dm.setup("fit")
+    assert dm.train_dataloader().sampler.seed == 3
+    assert dm.sample_transform(train=True).seed == 3
+    unseeded = make(root, seed=None)  # seed=null
+    unseeded.setup("fit")
+    assert unseeded.sample_transform(train=True).seed == 0
+
+
 def test_the_loader_resumes_mid_epoch_with_the_next_batch(tmp_path):
     dm = make(folder(tmp_path, train=12), batch_size=4, crop_scale=[0.5, 1])
     dm.setup("fit")

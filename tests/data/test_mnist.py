@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from helpers import write_idx_dataset
+from helpers import compose_config, write_idx_dataset
 
 from litforge.data.idx import IDXFormatError
 from litforge.data.mnist import MNISTDataModule
@@ -44,6 +44,33 @@ def test_validation_split_is_seeded_and_disjoint(tmp_path):
     # no validation image is also a training image (the synthetic images are all distinct)
     train_rows = {tuple(row.flatten().tolist()) for row in train_a}
     assert not any(tuple(row.flatten().tolist()) in train_rows for row in val_a)
+
+
+def test_the_epochs_are_ordered_by_the_configs_seed_not_the_environment(tmp_path, monkeypatch):
+    # Lightning's seed_everything exports PL_GLOBAL_SEED; the data reads its seed from the config
+    # (`data.seed: ${seed}`), which every process of a run composes alike.
+    from litforge.pipeline import build_datamodule
+
+    monkeypatch.setenv("PL_GLOBAL_SEED", "7")
+    write_idx_dataset(tmp_path / "mnist", n_train=100, n_test=20)
+    data = [f"data.data_dir={tmp_path}", "data.system_dir=null", "data.download=false"]
+    cfg = compose_config("train", tmp_path, ["data=mnist", *data, "data.val_size=20", "seed=3"])
+    assert cfg.data.seed == 3
+    datamodule = build_datamodule(cfg)
+    datamodule.setup("fit")
+    sampler = datamodule.train_dataloader().sampler
+    sampler.set_epoch(1)
+    assert sampler.seed == 3  # as PL_GLOBAL_SEED=3 gave: the same batches as before
+    expected = torch.randperm(80, generator=torch.Generator().manual_seed(3 + 1))
+    assert sampler.indices().tolist() == expected.tolist()
+    # No seed: 0, as an unseeded run had.
+    assert make(tmp_path, seed=None).hparams.seed is None
+    unseeded = compose_config(
+        "train", tmp_path, ["data=mnist", *data, "data.val_size=20", "seed=null"]
+    )
+    datamodule = build_datamodule(unseeded)
+    datamodule.setup("fit")
+    assert datamodule.train_dataloader().sampler.seed == 0
 
 
 def test_val_size_larger_than_the_files_is_a_clear_error(tmp_path):

@@ -1,20 +1,32 @@
 """`hparams_search=optuna`: our Optuna sweeper plugin (hydra_plugins/litforge/optuna_sweeper.py)
 searches, stores the study in SQLite, resumes it, records failed and pruned trials."""
 
+import ast
 import csv
 import re
+import subprocess
+import sys
 
 import optuna
 import pytest
 import torch
 import yaml
-from helpers import compose_config, run_in_process, run_script, tiny_run_args
+from helpers import ROOT, compose_config, run_in_process, run_script, tiny_run_args
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from hydra_plugins.litforge.optuna_sweeper import _distribution, setup_hash, setup_of
+from hydra_plugins.litforge.optuna_sweeper import (
+    PRUNING,
+    OptunaSweeper,
+    _distribution,
+    _override_text,
+    setup_hash,
+    setup_of,
+)
 
 
 def distribution(line: str):
@@ -141,6 +153,67 @@ def test_pruner_stops_a_trial_early(tmp_path, idx_data_dir):
     assert list(trial.intermediate_values) == [0]
     last = torch.load(sweep_dir / "0" / "checkpoints" / "last.ckpt", weights_only=True)
     assert last["epoch"] == 0  # training stopped after the first of 3 epochs
+    # The job learnt its trial from an override (no environment variable), which its folder keeps.
+    overrides = yaml.safe_load((sweep_dir / "0" / ".hydra" / "overrides.yaml").read_text())
+    [told] = [o for o in overrides if o.startswith(f"{PRUNING}.trial=")]
+    assert f"trial_id:{trial._trial_id}," in told and "optuna.pruners.ThresholdPruner" in told
+    assert told not in " ".join(trial.user_attrs["overrides"])  # not part of what reproduces it
+
+
+def test_a_trial_reaches_its_job_as_an_override_the_pruning_callback_takes(tmp_path):
+    # A storage path Hydra's grammar could not take unquoted: spaces, quotes, '=', a backslash.
+    db = tmp_path / "a b's=c\\" / "optuna.db"
+    db.parent.mkdir()
+    storage = f"sqlite:///{db}"
+    study = optuna.create_study(study_name="s", storage=storage)
+    trial = study.ask()
+    pruner = {"_target_": "optuna.pruners.ThresholdPruner", "lower": 0.5, "upper": None}
+    sweeper = OptunaSweeper("s", 1, storage, None, None, OmegaConf.create(pruner), {})
+    override = sweeper._trial_override(storage, trial._trial_id)
+
+    # Hydra parses it back to what the sweeper meant.
+    parsed = OverridesParser.create().parse_override(override)
+    assert parsed.value() == {
+        "study_name": "s",
+        "storage": storage,
+        "trial_id": trial._trial_id,
+        "pruner": pruner,
+    }
+    # In a job's config, the callback of hparams_search=optuna reports to that trial.
+    cfg = compose_config("train", tmp_path, ["hparams_search=optuna", override])
+    callback = instantiate(cfg.callbacks.optuna_pruning)
+    assert callback.trial.number == trial.number
+    assert isinstance(callback.trial.study.pruner, optuna.pruners.ThresholdPruner)
+    # Outside a search with a pruner: nothing to report to.
+    cfg = compose_config("train", tmp_path, ["hparams_search=optuna"])
+    assert instantiate(cfg.callbacks.optuna_pruning).trial is None
+
+
+def test_override_text_is_what_hydra_parses_back():
+    parser = OverridesParser.create()
+    texts = ["it's \\ a=b c", "ends with \\", "{[,]}:"]
+    for value in (None, True, 3, 1e-05, float("inf"), *texts, [1, "x"], {"a": {"b": []}}):
+        assert parser.parse_override(f"k={_override_text(value)}").value() == value
+
+
+def test_the_optuna_feature_stays_out_of_the_core_and_of_hydras_plugin_scan():
+    # Nothing in src/litforge imports Optuna or the Hydra plugins.
+    for path in (ROOT / "src" / "litforge").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+                assert not any(n.split(".")[0] in ("optuna", "hydra_plugins") for n in names), path
+    # Hydra imports the plugins' modules at every start: the pruning callback's stays out, and
+    # Lightning with it.
+    scan = "from hydra.core.plugins import Plugins; import sys; Plugins.instance(); "
+    scan += "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'torch')"
+    scan += " or m.startswith('hydra_plugins.litforge.')))"
+    result = subprocess.run(
+        [sys.executable, "-c", scan], capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    loaded = ast.literal_eval(result.stdout)
+    assert "hydra_plugins.litforge.optuna_sweeper" in loaded  # (the scan ran)
+    assert not [m for m in loaded if not m.startswith("hydra_plugins.")], loaded
 
 
 def setup_id(tmp_path, *overrides: str, searched=("model.optimizer.lr",)) -> str:
@@ -172,6 +245,7 @@ def test_a_study_is_identified_by_what_is_not_searched(tmp_path):
         ["trainer.max_epochs=3"],
         ["model=cnn"],
         ["seed=7"],
+        ["data.seed=7"],  # (`${seed}` as the data configs write it is left out: the seed is in)
     ):
         assert setup_id(tmp_path, *image_folder, *other) != base, other
     # Searched, a key is no longer part of the setup.

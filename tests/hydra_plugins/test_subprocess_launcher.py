@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+import yaml
 from helpers import CONF, free_port, run_script, tiny_run_args
 
 
@@ -113,6 +114,12 @@ def test_an_entry_point_of_your_own_fails_the_sweep_when_a_job_fails(tmp_path):
     assert result.returncode == 1, result.stderr[-3000:]
     assert "error: 1 job(s) of the sweep failed:" in result.stderr
     assert "#1 (seed=1): exited with status 3" in result.stderr
+    # Each job knows its sweep from an override (no environment variable), before the sweep's.
+    for job in ("0", "1"):
+        hydra_dir = sweep_dir / job / ".hydra"
+        overrides = yaml.safe_load((hydra_dir / "overrides.yaml").read_text())
+        assert overrides == ["++sweep_name='sweep'", f"seed={job}"]
+        assert yaml.safe_load((hydra_dir / "config.yaml").read_text())["sweep_name"] == "sweep"
     with (sweep_dir / "summary.csv").open() as f:
         assert [(r["job"], r["status"]) for r in csv.DictReader(f)] == [
             ("0", "completed"),

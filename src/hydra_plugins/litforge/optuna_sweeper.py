@@ -28,9 +28,11 @@ folder, `n_trials`, sampler, pruner, the search space itself), `paths`, loggers,
 tags, the progress bar and data-loading speed settings, and the searched keys. The setup is the
 config as written (interpolations unresolved), so moving the project keeps the study.
 
-With a `pruner`, each job reports its monitored metric after every validation epoch
-(`litforge.callbacks.OptunaPruning`, listed in conf/hparams_search/) and stops early when the
-pruner says so; the trial is then told PRUNED.
+With a `pruner`, each job reports its monitored metric after every validation epoch and stops
+early when the pruner says so; the trial is then told PRUNED. The job's callback
+(`callbacks.optuna_pruning`, listed in conf/hparams_search/, `_optuna_pruning.py` beside this
+file) learns its trial from an override this sweeper adds to the job's overrides:
+`callbacks.optuna_pruning.trial={study_name:...,storage:...,trial_id:...,pruner:{...}}`.
 """
 
 import difflib
@@ -38,16 +40,21 @@ import hashlib
 import json
 import logging
 import math
-import os
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
+from hydra.core.override_parser.types import (
+    ChoiceSweep,
+    IntervalSweep,
+    Override,
+    Quote,
+    QuotedString,
+    RangeSweep,
+)
 from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
@@ -81,9 +88,9 @@ ConfigStore.instance().store(
     group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider="litforge"
 )
 
-# What each job of a search with a pruner is told (JSON: trial_id, study_name, storage, pruner);
-# conf/hparams_search/*.yaml hand it to `litforge.callbacks.OptunaPruning`.
-TRIAL_ENV = "LITFORGE_OPTUNA_TRIAL"
+# The callback that reports to the pruner (conf/hparams_search/*.yaml): in a search with a
+# pruner, each job gets `<PRUNING>.trial=<its trial>` among its overrides.
+PRUNING = "callbacks.optuna_pruning"
 
 
 def _distribution(override: Override) -> Any:
@@ -144,12 +151,16 @@ NOT_SETUP = (
     "extras",
     "tags",
     "task_name",
+    "sweep_name",  # the job's sweep (set by the launcher)
     "callbacks.rich_progress_bar",
     "callbacks.optuna_pruning",  # reports to the pruner; the pruner is the sweeper's setting
     "data.num_workers",
     "data.pin_memory",
     "data.cache",
 )
+# Keys left out while they hold the value given here, which follows from a key of the setup:
+# a study keeps its name when the configs gain such a key.
+IMPLIED = {"data.seed": "${seed}"}
 SETUP_ATTR = "setup"  # the study's user attribute holding its setup (JSON), to tell setups apart
 
 
@@ -165,13 +176,14 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 
 def setup_of(config: DictConfig, searched: list[str]) -> dict[str, Any]:
     """What a trial trains with apart from the searched keys: the config as written (unresolved:
-    `${paths...}` stays text), flattened, less `NOT_SETUP` and `searched`."""
+    `${paths...}` stays text), flattened, less `NOT_SETUP`, `searched` and `IMPLIED` values."""
     left_out = [*NOT_SETUP, *(key.lstrip("+") for key in searched)]
     flat = _flatten(OmegaConf.to_container(config, resolve=False))
     return {
         key: value
         for key, value in flat.items()
         if not any(key == out or key.startswith(f"{out}.") for out in left_out)
+        and not (key in IMPLIED and value == IMPLIED[key])
     }
 
 
@@ -220,6 +232,24 @@ def _override_value(value: Any) -> str:
     if isinstance(value, float):
         return repr(value)
     return str(value)
+
+
+def _override_text(value: Any) -> str:
+    """A plain value (None, bool, number, string, list, dict) in Hydra's override grammar, which
+    parses it back to the same value: strings are quoted, so that a path or URL passes whole."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return _override_value(value)
+    if isinstance(value, str):
+        return QuotedString(text=value, quote=Quote.single).with_quotes()
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_override_text(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_override_text(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"{value!r} has no override text")
 
 
 class OptunaSweeper(Sweeper):
@@ -455,12 +485,13 @@ class OptunaSweeper(Sweeper):
         )
         if todo <= 0:
             log.info(f"Nothing to run: raise hydra.sweeper.n_trials above {finished} to add more.")
+        prunes = todo > 0 and bool(self.pruner) and self._can_prune(start)
         for _ in range(max(todo, 0)):
             trial = study.ask(fixed_distributions=space)
             overrides = fixed + [f"{k}={_override_value(v)}" for k, v in trial.params.items()]
-            trial.set_user_attr("overrides", overrides)
-            with self._trial_env(storage, trial._trial_id):
-                [job] = self.launcher.launch([overrides], initial_job_idx=trial.number)
+            trial.set_user_attr("overrides", overrides)  # what reproduces the trial
+            told = [self._trial_override(storage, trial._trial_id)] if prunes else []
+            [job] = self.launcher.launch([overrides + told], initial_job_idx=trial.number)
             self._tell(study, trial, job)
             self._write_summary(study, sweep_dir)
         # Failed trials are results of a search, recorded in the study and the summary; the
@@ -471,24 +502,27 @@ class OptunaSweeper(Sweeper):
                 f"{sweep_dir / 'summary.md'}"
             )
 
-    @contextmanager
-    def _trial_env(self, storage: str, trial_id: int) -> Iterator[None]:
-        """Tell the job which trial it is, so that it can report to the pruner."""
-        if not self.pruner:
-            yield
-            return
-        os.environ[TRIAL_ENV] = json.dumps(
-            {
-                "trial_id": trial_id,
-                "study_name": self.study_name,
-                "storage": storage,
-                "pruner": OmegaConf.to_container(self.pruner, resolve=True),
-            }
+    @staticmethod
+    def _can_prune(start: DictConfig) -> bool:
+        """Whether the jobs have the callback that reports to the pruner."""
+        if _has_key(start, f"{PRUNING}.trial"):
+            return True
+        log.warning(
+            f"hydra.sweeper.pruner prunes nothing: the config has no {PRUNING}.trial to tell "
+            f"the jobs their trial (conf/hparams_search/optuna.yaml lists that callback)."
         )
-        try:
-            yield
-        finally:
-            del os.environ[TRIAL_ENV]
+        return False
+
+    def _trial_override(self, storage: str, trial_id: int) -> str:
+        """The override that tells a job which trial it is, so that it can report to the pruner
+        (`_optuna_pruning.OptunaPruning`); it shows in the job's `.hydra/overrides.yaml`."""
+        trial = {
+            "study_name": self.study_name,
+            "storage": storage,
+            "trial_id": trial_id,
+            "pruner": OmegaConf.to_container(self.pruner, resolve=True),
+        }
+        return f"{PRUNING}.trial={_override_text(trial)}"
 
     def _tell(self, study: Any, trial: Any, job: Any) -> None:
         from optuna.trial import TrialState
@@ -498,7 +532,7 @@ class OptunaSweeper(Sweeper):
         if isinstance(value, JobFailed):  # litforge's launcher: the error line
             trial.set_user_attr("error", str(value))
             value = None
-        # Read back what the job itself wrote into the trial (OptunaPruning).
+        # Read back what the job itself wrote into the trial (`_optuna_pruning.py`).
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         stored = next(t for t in running if t.number == trial.number)
         if "pruned_at_epoch" in stored.user_attrs:

@@ -10,6 +10,11 @@ result (the config's `optimized_metric`, for sweepers) is read back from `metric
 Each job's start and end go to Hydra's callbacks in this process (the sweep summary among them),
 as Hydra's own launchers do; the job's process runs them too, as a single run's. Selected in
 conf/hydra/default.yaml (`hydra/launcher: subprocess`).
+
+A job is told that it is one (it runs as a single run) by one more override before the sweep's:
+`++sweep_name=<the sweep folder's name>`, in its `.hydra/overrides.yaml`. Its W&B run joins the
+group of that name (conf/logger/wandb.yaml), and a failed job keeps its folder for the sweep
+summary (`litforge.errors`). A `sweep_name=...` of the user's, after it, wins.
 """
 
 import json
@@ -22,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.types import Quote, QuotedString
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
@@ -89,7 +95,7 @@ class SubprocessLauncher(Launcher):
             o for o in self.config.hydra.overrides.hydra if not o.startswith(SWEEP_ONLY)
         ]
         env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
-        env["LITFORGE_SWEEP"] = sweep_dir.name  # groups the jobs in trackers (wandb group)
+        name = QuotedString(text=sweep_dir.name, quote=Quote.single).with_quotes()
         returns = []
         for num, overrides in enumerate(job_overrides, start=initial_job_idx):
             log.info(f"\t#{num} : {' '.join(filter_overrides(overrides))}")
@@ -107,6 +113,7 @@ class SubprocessLauncher(Launcher):
                 sys.executable,
                 sys.argv[0],
                 f"--config-name={job_cfg.hydra.job.config_name}",
+                f"++sweep_name={name}",  # a job of this sweep (see the module's docstring)
                 *overrides,
                 *hydra_overrides,
                 f"hydra.run.dir={run_dir}",

@@ -9,6 +9,9 @@ tensors on the training device, normalized, augmented and shuffled as whole batc
 
 `model_arguments()` is what the model is built with (input shape, classes, class names, and the
 normalization, which the checkpoint keeps for `predict.py`, `export.py` and `serve.py`).
+
+`seed` (the data configs' `seed: ${seed}`, the run's) orders each epoch's samples and draws the
+augmentation; `split_seed` alone carves the validation split, which stays put while seeds vary.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class InMemoryImageDataModule(SplitLoaders, L.LightningDataModule):
         crop_padding: int = 0,
         horizontal_flip: bool = False,
         cache: bool = True,
+        seed: int | None = 0,
     ) -> None:
         super().__init__()
         for problem in (
@@ -196,7 +200,9 @@ class InMemoryImageDataModule(SplitLoaders, L.LightningDataModule):
             images = self._normalize(images)  # once, instead of once per batch
         black = [-m / s for m, s in zip(self.mean, self.std, strict=True)]
         augment = BatchAugment(hp.crop_padding, hp.horizontal_flip, black) if train else None
-        sampler = EpochShuffler(len(labels), shuffle=train, pad=train, **self._shard())
+        sampler = EpochShuffler(
+            len(labels), shuffle=train, pad=train, seed=hp.seed, **self._shard()
+        )
         return TensorBatchLoader(
             images.to(device),
             labels.to(device),

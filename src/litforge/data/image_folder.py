@@ -38,7 +38,7 @@ from litforge.data.images import (
     fit,
     normalize,
 )
-from litforge.data.loaders import EpochShuffler, ResumesMidEpoch, SplitLoaders, global_seed
+from litforge.data.loaders import EpochShuffler, ResumesMidEpoch, SplitLoaders
 from litforge.errors import UserError, number_problem
 
 log = logging.getLogger(__name__)
@@ -313,7 +313,9 @@ class ImageDataModule(SplitLoaders, L.LightningDataModule):
     arguments, per-batch normalization on the training device, class counts and balance.
 
     Subclasses set `class_names`, `channels`, `image_size`, `mean`, `std` and `train_counts`
-    (images per class in the training split) in `inspect()`, which runs before the model is built.
+    (images per class in the training split) in `inspect()`, which runs before the model is built,
+    and keep a `seed` argument in their hparams: the run's (`seed: ${seed}` in their data config),
+    which orders each epoch's samples and draws their augmentation (None: 0).
     """
 
     class_names: tuple[str, ...]
@@ -363,7 +365,7 @@ class ImageDataModule(SplitLoaders, L.LightningDataModule):
             train=train,
             crop_scale=hp.crop_scale if train else None,
             horizontal_flip=hp.horizontal_flip and train,
-            seed=global_seed(),
+            seed=0 if hp.seed is None else hp.seed,
             stored=self.stored_shape(),
         )
 
@@ -404,6 +406,7 @@ class ImageFolderDataModule(ImageDataModule):
         pin_memory: bool | None = None,
         on_bad_file: str = "error",
         balance: str = "none",
+        seed: int | None = 0,
     ) -> None:
         super().__init__()
         crop_scale = check_image_arguments(
@@ -565,7 +568,9 @@ class ImageFolderDataModule(ImageDataModule):
         if train and hp.balance == "sampler":
             per_class = [1 / n for n in self.train_counts]
             weights = torch.tensor([per_class[label] for label in labels])
-        sampler = EpochShuffler(len(paths), shuffle=train, pad=train, weights=weights, **shard)
+        sampler = EpochShuffler(
+            len(paths), shuffle=train, pad=train, seed=hp.seed, weights=weights, **shard
+        )
         return FileBatchLoader(
             ImageFiles(paths, labels, self.sample_transform(train)),
             sampler,

@@ -9,26 +9,23 @@ normalization and augmentation on the whole batch — on the GPU when the data l
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator, Sequence
 
 import torch
-
-
-def global_seed() -> int:
-    # The seed Lightning's `seed_everything` exports to every process (its DistributedSampler
-    # uses the same one), so all processes of a run draw the same permutation.
-    return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
 
 class EpochShuffler:
     """Which sample indices this process takes in an epoch.
 
     Like `torch.utils.data.DistributedSampler`: one permutation per epoch, the same on every
-    process (seeded by the run seed and the epoch), padded by wrapping around so that each of
+    process (seeded by `seed` and the epoch), padded by wrapping around so that each of
     `num_replicas` processes gets the same number of samples; process `rank` takes every
     `num_replicas`-th index. `pad=False` leaves the shards uneven instead (evaluation: no sample is
     counted twice). Lightning calls `set_epoch` before each epoch, resumed runs included.
+
+    `seed` is the run's (the config's `seed`, which the data configs hand the datamodule as
+    `data.seed`; None: 0): every process of a run gets the same config, so all draw the same
+    permutation.
 
     `weights` (one per sample): draw the epoch's `num_samples` indices with replacement, in
     proportion to them (a class-balanced sampler gives each sample 1 / its class's count).
@@ -41,13 +38,13 @@ class EpochShuffler:
         num_replicas: int = 1,
         rank: int = 0,
         pad: bool = True,
-        seed: int | None = None,
+        seed: int | None = 0,
         weights: torch.Tensor | None = None,
     ) -> None:
         self.num_samples, self.shuffle, self.pad = num_samples, shuffle, pad
         self.weights = weights
         self.num_replicas, self.rank = num_replicas, rank
-        self.seed = global_seed() if seed is None else seed
+        self.seed = 0 if seed is None else seed
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:

@@ -39,7 +39,6 @@ from litforge.data.image_folder import (
     check_image_arguments,
 )
 from litforge.data.images import SampleTransform, shard_sample
-from litforge.data.loaders import global_seed
 from litforge.errors import UserError, number_problem
 
 log = logging.getLogger(__name__)
@@ -274,6 +273,7 @@ class StreamingDataModule(ImageDataModule):
         cache_dir: str | None = None,
         max_cache_size: str = "50GB",
         balance: str = "none",
+        seed: int | None = 0,
     ) -> None:
         super().__init__()
         crop_scale = check_image_arguments(
@@ -363,7 +363,7 @@ class StreamingDataModule(ImageDataModule):
             cache_dir=hp.cache_dir,
             max_cache_size=hp.max_cache_size,
             shuffle=train,
-            seed=global_seed(),
+            seed=0 if hp.seed is None else hp.seed,
             # One item at a time: LitData's default deserializes a window of items around
             # each one read, and shuffled reads in worker processes kept redoing it (3x
             # slower on the exported Fashion-MNIST with 2 workers, benchmarks/data_loading.py).
