@@ -1,12 +1,6 @@
-"""Checkpoints, top to bottom:
-
-1. Writing: `AtomicCheckpointIO` (trainer.plugins: a kill mid-write leaves the old one whole),
-   `LastCheckpoint` and `ResumeState` (callbacks).
-2. Reading: `read_checkpoint` (a file or a folder of shards, `weights_only=True`) and
-   `load_module` (only the classes and networks a checkpoint may build: it is data).
-3. Checking: `check_same_dataset`, `check_same_shapes` (one line naming what differs).
-
-Finding the checkpoint a run continues from: `litforge.resume`; its folder: `litforge.runs`.
+"""Checkpoints: writing them (`AtomicCheckpointIO`, `LastCheckpoint`, `ResumeState`), reading them
+(`read_checkpoint`; `load_module` builds only what a checkpoint may build: it is data), and checking
+that one fits the configured data and model. Which checkpoint a run continues from: `resume`.
 """
 
 from __future__ import annotations
@@ -28,8 +22,6 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from litforge.errors import UserError, number_problem
 
 log = logging.getLogger(__name__)
-
-# --- 1. writing -----------------------------------------------------------------------------
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -81,7 +73,6 @@ class LastCheckpoint(ModelCheckpoint):
             save_on_train_epoch_end=True,  # after validation and the epoch's statistics
             enable_version_counter=False,  # overwrite last.ckpt, never last-v1.ckpt
         )
-        self._last_step = -1
         self._saved_on_stop = False
 
     @property
@@ -98,20 +89,20 @@ class LastCheckpoint(ModelCheckpoint):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         step = trainer.global_step
-        if not self.every_n_steps or step == 0 or step % self.every_n_steps:
-            return
-        if step == self._last_step:  # batches accumulated into one step repeat its number
-            return
-        if batch_idx + 1 >= trainer.num_training_batches:
-            return  # the epoch's save follows, after validation (the same step would skip it)
-        self._last_step = step
-        self._save_checkpoint(trainer, str(self.path))
+        if (
+            self.every_n_steps
+            and step % self.every_n_steps == 0
+            # Once a step (accumulated batches repeat its number; none at step 0), and not at an
+            # epoch's end: the epoch's save follows, after validation.
+            and step != self._last_global_step_saved
+            and batch_idx + 1 < trainer.num_training_batches
+        ):
+            self._save_checkpoint(trainer, str(self.path))
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
-        # Stopped between two batches of training: save them. (Not when testing: the weights
-        # are then those of the best checkpoint.)
+        # Not when testing: the weights are then those of the best checkpoint.
         if (
             isinstance(exception, SIGTERMException)
             and trainer.state.fn == TrainerFn.FITTING
@@ -151,51 +142,48 @@ class ResumeState(L.Callback):
         self._states = None
 
 
-# --- 2. reading ------------------------------------------------------------------------------
-
-
 def is_whole(folder: Path) -> bool:
     """A folder of shards is complete once Lightning has written meta.pt after torch's
     .metadata; either may be missing after a kill. (It is rewritten in place: not atomic.)"""
     return (folder / ".metadata").is_file() and (folder / "meta.pt").is_file()
 
 
-def _starts_as_zip(path: Path) -> bool:
-    with path.open("rb") as f:
-        return f.read(4) == b"PK\x03\x04"
-
-
-def which_checkpoint(path: Path, key: str) -> str:
+def which_checkpoint(path: Path) -> str:
     """What to give instead of a folder that is no checkpoint: a run folder's (or its
     checkpoints/ folder's) checkpoints by name."""
     folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
     found = sorted(p.name for p in folder.glob("*.ckpt"))
     if not found:
         return (
-            f"{key}={path} is a folder, but neither a checkpoint nor a run folder with "
+            f"ckpt_path={path} is a folder, but neither a checkpoint nor a run folder with "
             f"checkpoints: point it at a checkpoint written by train.py "
             f"(<run dir>/checkpoints/last.ckpt)."
         )
     best = [name for name in found if name != "last.ckpt"]
     choices = [f"{folder / 'last.ckpt'} (the latest)"] if "last.ckpt" in found else []
     choices += [f"{folder / best[-1]} (the best)"] if best else []
-    return f"{key}={path} is a folder of checkpoints: give one, e.g. {key}=" + " or ".join(choices)
+    given = " or ".join(choices)
+    return f"ckpt_path={path} is a folder of checkpoints: give one, e.g. ckpt_path={given}"
+
+
+FIX = "Point it at a checkpoint written by train.py (<run dir>/checkpoints/)."
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The checkpoint in `path` (a file, or model_parallel's folder of shards put together in
-    memory), or a UserError saying why it cannot be used."""
-    key = "ckpt_path"
+    """The checkpoint in `path` (a file, or a folder of shards put together in memory), or a
+    UserError saying why it cannot be used."""
     path = Path(path).expanduser()
     if not path.exists():
-        raise UserError(f"{key}={path}: no such file.")
+        raise UserError(f"ckpt_path={path}: no such file.")
     if path.is_dir() and not is_whole(path):
-        raise UserError(which_checkpoint(path, key))
-    if path.is_file() and not _starts_as_zip(path):  # torch.save has written zips since 1.6
-        raise UserError(
-            f"{key}={path} is not a checkpoint (not a file torch.save wrote). Point it at a "
-            f"checkpoint written by train.py (<run dir>/checkpoints/)."
-        )
+        raise UserError(which_checkpoint(path))
+    if path.is_file():
+        with path.open("rb") as f:
+            zipped = f.read(4) == b"PK\x03\x04"  # what torch.save writes
+        if not zipped:
+            raise UserError(
+                f"ckpt_path={path} is not a checkpoint (not a file torch.save wrote). {FIX}"
+            )
     try:
         if path.is_dir():
             # Private, but torch has no public way to read shards into one state dict without a
@@ -208,13 +196,12 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     except Exception as err:  # torch.load raises many kinds on foreign bytes
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UserError(
-            f"{key}={path} is not a readable checkpoint ({first_line[:200]}). Point it at a "
-            f"checkpoint written by train.py (<run dir>/checkpoints/)."
+            f"ckpt_path={path} is not a readable checkpoint ({first_line[:200]}). {FIX}"
         ) from err
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise UserError(
-            f"{key}={path} is a torch file but not a Lightning checkpoint (no 'state_dict'). "
-            f"Point it at a checkpoint written by train.py (<run dir>/checkpoints/)."
+            f"ckpt_path={path} is a torch file but not a Lightning checkpoint (no 'state_dict'). "
+            + FIX
         )
     return checkpoint
 
@@ -250,9 +237,6 @@ def load_module(
     check_same_shapes(checkpoint["state_dict"], model.state_dict(), ckpt_path)
     model.load_state_dict(checkpoint["state_dict"])
     return model
-
-
-# --- 3. checking -----------------------------------------------------------------------------
 
 
 def check_same_dataset(

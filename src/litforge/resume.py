@@ -1,11 +1,6 @@
-"""Surviving a stop, and finding the checkpoint to continue from:
-
-1. Stopping: `stopped_by_sigterm`, exit status 143.
-2. Finding: `newest_loadable` picks the checkpoint of the run that `ckpt_path=last` (or `auto`)
-   continues (`litforge.runs.run_dir` found its folder; `auto_checkpoint`: or none, to start
-   fresh), `checked_checkpoint` checks that it fits the configured model and data.
-
-Writing and reading checkpoints: `litforge.checkpoints`.
+"""Stopping on SIGTERM (`stopped_by_sigterm`), and finding the checkpoint a run continues from:
+`ckpt_path=last` or `auto` in the run folder `runs.run_dir` found (`newest_loadable`), checked to
+fit the configured model and data (`checked_checkpoint`).
 """
 
 from __future__ import annotations
@@ -19,6 +14,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from litforge.checkpoints import (
     LastCheckpoint,
@@ -32,8 +28,9 @@ from litforge.errors import UserError
 from litforge.runs import how_to_resume, restarting_launcher
 
 log = logging.getLogger(__name__)
-
-# --- 1. stopping ------------------------------------------------------------------------------
+# Said once per job, before the processes know their ranks from the strategy (Lightning reads them
+# from the launcher's environment).
+info_on_rank_zero = rank_zero_only(log.info)
 
 
 @contextmanager
@@ -52,9 +49,6 @@ def stopped_by_sigterm(trainer: L.Trainer, what: str) -> Iterator[None]:
                 f"{trainer.global_step}; checkpoint {where}: {how_to_resume()}."
             )
         sys.exit(143)
-
-
-# --- 2. finding --------------------------------------------------------------------------------
 
 
 def default_checkpoint(ckpt_path: str | None) -> str | None:
@@ -83,7 +77,7 @@ def newest_loadable(checkpoint_dir: Path, required: bool = True) -> Path | None:
             if checkpoint
             else "shards"
         )
-        _on_rank_zero(log.info, f"Resuming from {path} ({where})")
+        info_on_rank_zero(f"Resuming from {path} ({where})")
         return path
     if not required:
         return None
@@ -104,17 +98,8 @@ def auto_checkpoint(output_dir: str, fitting: bool = True) -> Path | None:
             f"ckpt_path=<file or folder>."
         )
     if found is None:
-        _on_rank_zero(log.info, f"No checkpoint in {checkpoints}, starting fresh")
+        info_on_rank_zero(f"No checkpoint in {checkpoints}, starting fresh")
     return found
-
-
-def _on_rank_zero(say: Any, message: str) -> None:
-    """Said once per job, before the processes know their ranks from the strategy (Lightning
-    reads them from the launcher's environment)."""
-    from lightning.pytorch.utilities.rank_zero import rank_zero_only
-
-    if rank_zero_only.rank == 0:
-        say(message)
 
 
 def checked_checkpoint(
@@ -139,7 +124,7 @@ def checked_checkpoint(
         ckpt_path = str(newest_loadable(checkpoints))
     if fitting and Path(ckpt_path).is_dir():
         if not is_whole(Path(ckpt_path)):
-            raise UserError(which_checkpoint(Path(ckpt_path), "ckpt_path"))
+            raise UserError(which_checkpoint(Path(ckpt_path)))
         if not sharded:
             raise UserError(
                 f"{ckpt_path} is a folder of shards: training resumes from it with "
