@@ -29,9 +29,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     leaves the old one whole. (Lightning's writer stages it in $TMPDIR, often another file system
     on clusters, and its final move is then a plain copy: Lightning #21253, open.)"""
 
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
-    ) -> None:
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
         if storage_options is not None:
             raise TypeError("AtomicCheckpointIO takes no storage_options")
         path = Path(path)
@@ -48,14 +46,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class LastCheckpoint(ModelCheckpoint):
-    """`checkpoints/last.ckpt` after every training epoch, and mid-epoch when the job is told to
-    stop (SIGTERM: preemption, `scancel`, a scheduler's time limit), before exiting.
-    `every_n_train_steps`: also every this many optimizer steps, for what no signal announces
-    (kill -9, a lost machine): such a stop then costs at most that many steps.
-
-    Lightning's `save_last` writes last.ckpt only when a monitored checkpoint is saved (by design
-    since 2.6, Lightning #20245 / #21244): a resumed run could go back many epochs.
-    """
+    """`checkpoints/last.ckpt` after every training epoch, and on SIGTERM (preemption, `scancel`,
+    a time limit) before exiting; `every_n_train_steps`: also every this many optimizer steps,
+    against stops no signal announces (kill -9, a lost machine). Lightning's `save_last` saves
+    only along with a monitored checkpoint (Lightning #20245): a resume could lose epochs."""
 
     def __init__(self, dirpath: str, every_n_train_steps: int | None = None) -> None:
         problem = every_n_train_steps is not None and number_problem(
@@ -99,9 +93,7 @@ class LastCheckpoint(ModelCheckpoint):
         ):
             self._save_checkpoint(trainer, str(self.path))
 
-    def on_exception(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
-    ) -> None:
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         # Not when testing: the weights are then those of the best checkpoint.
         if (
             isinstance(exception, SIGTERMException)
@@ -113,9 +105,8 @@ class LastCheckpoint(ModelCheckpoint):
 
 
 class ResumeState(L.Callback):
-    """What Lightning leaves out of a checkpoint: the random number generators, so that a resumed
-    run draws the same dropout masks and augmentations as the run it continues; and the class of
-    the LightningModule, so that eval.py can rebuild it from the checkpoint alone."""
+    """What Lightning leaves out of a checkpoint: the random generators' states (a resumed run
+    draws the same dropout and augmentations) and the LightningModule's class (for eval.py)."""
 
     def __init__(self) -> None:
         self._states: dict[str, Any] | None = None
@@ -143,14 +134,13 @@ class ResumeState(L.Callback):
 
 
 def is_whole(folder: Path) -> bool:
-    """A folder of shards is complete once Lightning has written meta.pt after torch's
-    .metadata; either may be missing after a kill. (It is rewritten in place: not atomic.)"""
+    """A folder of shards is complete once Lightning has written meta.pt after torch's .metadata
+    (it is rewritten in place, not atomically)."""
     return (folder / ".metadata").is_file() and (folder / "meta.pt").is_file()
 
 
 def which_checkpoint(path: Path) -> str:
-    """What to give instead of a folder that is no checkpoint: a run folder's (or its
-    checkpoints/ folder's) checkpoints by name."""
+    """What to give for a folder that is no checkpoint: a run folder's checkpoints by name."""
     folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
     found = sorted(p.name for p in folder.glob("*.ckpt"))
     if not found:
@@ -209,9 +199,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
 def load_module(
     checkpoint: dict[str, Any], ckpt_path: str, default: str | None = None
 ) -> L.LightningModule:
-    """The LightningModule the checkpoint names (`module_class`, else `default`), rebuilt from
-    its saved arguments with its weights. Only classes of this package are imported: a
-    checkpoint must not be able to run code of its choosing."""
+    """The LightningModule the checkpoint names (`module_class`, else `default`) with its weights.
+    Only classes of this package are imported: a checkpoint must not run code of its choosing."""
     from hydra.utils import get_class
 
     name = checkpoint.get("module_class") or default
@@ -245,8 +234,8 @@ def check_same_dataset(
     ckpt_path: str,
     class_names: Sequence[str] | None = None,
 ) -> None:
-    """The checkpoint was trained on the configured dataset, with the same classes (a folder of
-    your own images may have other ones under the same `data=image_folder`)."""
+    """The checkpoint was trained on the configured dataset, with the same classes (one
+    `data=image_folder` may have other classes than another)."""
     trained_on = checkpoint.get("datamodule_hyper_parameters", {}).get("name")
     if trained_on and dataset and trained_on != dataset:
         raise UserError(

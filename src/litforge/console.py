@@ -1,6 +1,5 @@
-"""Console output: a short summary of the config at the start of a run (the whole tree goes to
-`<run dir>/config_tree.log`), the metrics table at its end, and Lightning's console output
-without its repeats and adverts (`quiet_lightning`)."""
+"""Console output: the config in short at the start of a run (the tree in `config_tree.log`),
+the metrics at its end, and Lightning's lines without repeats and adverts (`quiet_lightning`)."""
 
 from __future__ import annotations
 
@@ -76,8 +75,7 @@ def print_metrics(metrics: dict[str, float], output_dir: Path) -> None:
 
 
 def _exists(group: str, option: str) -> bool:
-    """False for an optional default that has no file (`local: default` without
-    conf/local/default.yaml), which Hydra lists among the choices all the same."""
+    """False for an optional default without a file, which Hydra lists among the choices."""
     from hydra.core.global_hydra import GlobalHydra
 
     try:
@@ -112,11 +110,9 @@ def _no_adverts(record: logging.LogRecord) -> bool:
 
 def quiet_lightning() -> None:
     """Each of Lightning's log lines once on the console and in the run's log file, without its
-    adverts and `_NOISE_WARNINGS`. Idempotent; call once logging is set up.
-
-    Lightning puts console handlers of its own on its loggers when imported, while its lines
-    also reach the root logger's (Hydra's job logging: the console and `<run dir>/<job>.log`).
-    Where the root logger has a console handler, Lightning's are dropped and its lines go there."""
+    adverts and `_NOISE_WARNINGS`. Idempotent; call once logging is set up. (Lightning's loggers
+    have console handlers of their own, and their lines also reach the root logger's: Hydra's,
+    for the console and the log file. Where the root has a console, Lightning's are dropped.)"""
     for message, category, module in _NOISE_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
     ranks = logging.getLogger("lightning.pytorch.utilities.rank_zero")

@@ -73,11 +73,8 @@ def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
 
 
 def build_model(cfg: DictConfig, datamodule: L.LightningDataModule) -> L.LightningModule:
-    model = instantiate(
-        cfg.model,
-        **datamodule.model_arguments(),
-        _recursive_=False,  # net/optimizer/scheduler stay configs; the module builds them
-    )
+    # `_recursive_=False`: net, optimizer and scheduler stay configs, which the module builds.
+    model = instantiate(cfg.model, **datamodule.model_arguments(), _recursive_=False)
     if any(entry and entry.get("log_graph") for entry in (cfg.get("logger") or {}).values()):
         # What TensorBoard traces the graph with. Only then: Lightning's model summary would
         # also run it through the model, which sharded models cannot do on one rank.
@@ -164,9 +161,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """Fit, then test the best checkpoint; with `train=false`, test `ckpt_path`. Returns the
     final metrics."""
     start(cfg)
+    fitting = cfg.get("train")
     ckpt_path, checkpoint = resume.default_checkpoint(cfg.get("ckpt_path")), None
     if ckpt_path == "auto":  # before the loggers, which append to a resumed run's logs
-        found = resume.auto_checkpoint(cfg.paths.output_dir, fitting=cfg.get("train"))
+        found = resume.auto_checkpoint(cfg.paths.output_dir, fitting=fitting)
         ckpt_path = str(found) if found else None
     with open_dict(cfg):
         cfg.ckpt_path = ckpt_path
@@ -174,19 +172,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
     model = build_model(cfg, datamodule)
     trainer = build_trainer(cfg)
     if ckpt_path:
+        sharded = isinstance(trainer.strategy, (ModelParallelStrategy, FSDPStrategy))
         ckpt_path, checkpoint = resume.checked_checkpoint(
-            ckpt_path,
-            cfg.paths.output_dir,
-            model,
-            datamodule.hparams.get("name"),
-            fitting=cfg.get("train"),
-            sharded=isinstance(trainer.strategy, (ModelParallelStrategy, FSDPStrategy)),
+            ckpt_path, cfg.paths.output_dir, model, datamodule.hparams.get("name"), fitting, sharded
         )
     if check_fit := getattr(trainer.strategy, "check_fit", None):  # before processes start
-        check_fit(model, ckpt_path if cfg.get("train") else None)
+        check_fit(model, ckpt_path if fitting else None)
 
     metrics: dict[str, float] = {}
-    if cfg.get("train"):
+    if fitting:
         fit(trainer, model, datamodule, ckpt_path=ckpt_path)
         if ckpt_path and not any(k.startswith("val/") for k in trainer.callback_metrics):
             # The checkpoint had reached max_epochs already: nothing was trained or validated.
@@ -221,11 +215,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if configured and checkpoint.get("module_class"):
         log.info("model=... is not used: the checkpoint says what the model is.")
     datamodule = build_datamodule(cfg)
+    classes = datamodule.model_arguments().get("class_names")
     checkpoints.check_same_dataset(
-        checkpoint,
-        datamodule.hparams.get("name"),
-        cfg.ckpt_path,
-        datamodule.model_arguments().get("class_names"),
+        checkpoint, datamodule.hparams.get("name"), cfg.ckpt_path, classes
     )
     model = checkpoints.load_module(checkpoint, cfg.ckpt_path, default=configured)
     trainer = build_trainer(cfg)
@@ -286,5 +278,4 @@ def optimized_metric(cfg: DictConfig, metrics: dict[str, float]) -> float | None
         raise UserError(
             f"optimized_metric={name} was not logged. Logged: {', '.join(sorted(metrics))}."
         )
-    value = metrics[name]
-    return value if math.isfinite(value) else float("nan")
+    return metrics[name] if math.isfinite(metrics[name]) else float("nan")

@@ -19,10 +19,8 @@ from litforge.errors import UserError
 def slurm_batch_job() -> bool:
     """A job SLURM started (`sbatch`, `srun`), not an interactive shell in an allocation: the
     processes Lightning treats as SLURM's (its `SLURMEnvironment.detect`)."""
-    return "SLURM_NTASKS" in os.environ and os.environ.get("SLURM_JOB_NAME") not in (
-        "bash",
-        "interactive",
-    )
+    interactive = os.environ.get("SLURM_JOB_NAME") in ("bash", "interactive")
+    return "SLURM_NTASKS" in os.environ and not interactive
 
 
 def restarting_launcher() -> str | None:
@@ -99,10 +97,10 @@ def run_dir(runs_root: str, ckpt_path: str | None, overrides: Any = None, fits: 
             }
             if any(newest.values()):
                 return str(max(newest, key=newest.__getitem__))
-        elif (run := Path(ckpt_path).expanduser().resolve().parent.parent) in {
-            r.resolve() for r in runs
-        }:
-            return str(run)
+        else:  # <run>/checkpoints/<file>
+            run = Path(ckpt_path).expanduser().resolve().parent.parent
+            if run in {r.resolve() for r in runs}:
+                return str(run)
     return str(root / run_id())
 
 

@@ -62,8 +62,7 @@ class ReportsLostProcesses:
         if any(_is_communication_error(e) for e in (exception, exception.__context__) if e):
             return (
                 f"rank {self.global_rank} lost contact with the other processes of the job "
-                f"({_what_failed(exception)}); one of them stopped or died: "
-                f"{how_to_resume()}."
+                f"({_what_failed(exception)}); one of them stopped or died: {how_to_resume()}."
             )
         return None
 
@@ -81,10 +80,9 @@ class ReportsLostProcesses:
 
 
 class _LostProcessObserver(_ChildProcessObserver):
-    """Lightning's watch over the processes a launcher started: within 5 s of one dying, it
-    SIGKILLs them all and this process too, without a word. Here it first leaves this process
-    `grace` seconds to name the lost one and stop by itself, which it does at once unless it
-    hangs (a dead peer fails gloo's operations straight away)."""
+    """Lightning's watch over the processes a launcher started SIGKILLs them all, this one too,
+    within 5 s of one dying, without a word. This one first leaves `grace` seconds to name the
+    lost one and stop (at once, unless it hangs: a dead peer fails gloo's operations)."""
 
     grace = 10.0
 
@@ -94,8 +92,8 @@ class _LostProcessObserver(_ChildProcessObserver):
 
 
 class ReportingLauncher(_SubprocessScriptLauncher):
-    """Lightning's launcher for `python train.py` on one machine (it starts the job's other
-    processes), with `_LostProcessObserver` over those the strategy says end the job."""
+    """Lightning's launcher for `python train.py` on one machine, with `_LostProcessObserver`
+    over the processes the strategy says end the job."""
 
     def __init__(self, strategy: ReportsLostProcesses) -> None:
         super().__init__(strategy.cluster_environment, strategy.num_processes, strategy.num_nodes)

@@ -72,10 +72,9 @@ def _plain(config: Any) -> Any:
 class ClassificationModule(L.LightningModule):
     """Cross-entropy training of `net` with TorchMetrics evaluation.
 
-    `net`, `optimizer` and `scheduler` are Hydra configs (`_target_`; the latter two
-    `_partial_: true`), stored as plain dicts in the checkpoint. So
-    `ClassificationModule.load_from_checkpoint(path, weights_only=True)` rebuilds the model
-    without Hydra, on torch >= 2.6 too: no module or function is pickled.
+    `net`, `optimizer` and `scheduler` are Hydra configs (the latter two `_partial_: true`), kept
+    as plain dicts: `load_from_checkpoint(path, weights_only=True)` rebuilds the model without
+    Hydra and without unpickling code.
 
     Logged: `{train,val,test}/loss`, `/acc`, `val|test/f1` (macro), `val|test/acc_balanced`
     (the mean of the per-class recalls, for imbalanced classes), `val/acc_best`.
@@ -148,8 +147,7 @@ class ClassificationModule(L.LightningModule):
         self.val_acc_best.persistent(True)  # part of the checkpoint, so a resumed run keeps it
 
     def configure_callbacks(self) -> list[L.Callback]:
-        # train/loss, train/acc: what training_step returns, averaged over each epoch. (Once:
-        # Lightning would otherwise say at every later run of its Trainer that it replaces it.)
+        # train/loss, train/acc. Once per Trainer: Lightning would say it replaces the first.
         trainer = self._trainer
         if trainer is not None and any(isinstance(c, EpochStatistics) for c in trainer.callbacks):
             return []
@@ -182,9 +180,8 @@ class ClassificationModule(L.LightningModule):
     def step_statistics(
         self, logits: torch.Tensor, y: torch.Tensor, loss: torch.Tensor
     ) -> dict[str, torch.Tensor]:
-        """What a training step yields: the `loss` to minimize and the batch's statistics, each
-        averaged over the epoch and logged as `train/<name>` (`callbacks.EpochStatistics`: one
-        log call an epoch, not one a step). Add a training statistic here."""
+        """The `loss` to minimize and the batch's statistics, each averaged over the epoch and
+        logged as `train/<name>` by `callbacks.EpochStatistics`. Add a training statistic here."""
         return {"loss": loss, "acc": (logits.argmax(dim=1) == y).float().mean()}
 
     def validation_step(self, batch, batch_idx: int) -> None:
