@@ -122,8 +122,7 @@ class ResumeState(L.Callback):
         self._states = checkpoint.get("rng_states")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Here rather than when loading: after the sanity check, right before the first batch,
-        # where the interrupted run also was.
+        # Not when loading: after the sanity check, before the first batch, where the run stopped.
         if self._states is None:
             return
         torch.set_rng_state(self._states["torch"])

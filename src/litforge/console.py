@@ -85,7 +85,7 @@ def _exists(group: str, option: str) -> bool:
         return True
 
 
-# Lightning's console output that says nothing about this run.
+# Lightning's warnings that say nothing about this run: (message, category, module).
 _NOISE_WARNINGS = (
     # Only about step-level logs, written every `log_every_n_steps` steps counted across epochs:
     # an epoch shorter than that still logs them.

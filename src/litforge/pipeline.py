@@ -183,7 +183,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if fitting:
         fit(trainer, model, datamodule, ckpt_path=ckpt_path)
         if ckpt_path and not any(k.startswith("val/") for k in trainer.callback_metrics):
-            # The checkpoint had reached max_epochs already: nothing was trained or validated.
             log.warning(
                 f"{ckpt_path} already reached trainer.max_epochs={trainer.max_epochs}: nothing "
                 f"left to train (raise trainer.max_epochs to train on). Validating it instead."

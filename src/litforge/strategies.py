@@ -1,9 +1,8 @@
 """Lightning's DDP with its gradient communication hook on every device and a lost process named
 in one line (`ReportsLostProcesses`, which the feature folders' strategies use too).
 
-A strategy may check its settings before anything is built (a `prepare_run(cfg)` class method,
-`pipeline.prepare_run`), and the model and checkpoint before its processes start (a
-`check_fit(model, ckpt_path)` method, `pipeline.train`).
+A strategy may also check its settings (`prepare_run(cfg)`, a class method) and the model and
+checkpoint before its processes start (`check_fit(model, ckpt_path)`): see `pipeline`.
 """
 
 from __future__ import annotations
