@@ -67,6 +67,7 @@ class LastCheckpoint(ModelCheckpoint):
             save_on_train_epoch_end=True,  # after validation and the epoch's statistics
             enable_version_counter=False,  # overwrite last.ckpt, never last-v1.ckpt
         )
+        self._last_step = -1
         self._saved_on_stop = False
 
     @property
@@ -86,11 +87,10 @@ class LastCheckpoint(ModelCheckpoint):
         if (
             self.every_n_steps
             and step % self.every_n_steps == 0
-            # Once a step (accumulated batches repeat its number; none at step 0), and not at an
-            # epoch's end: the epoch's save follows, after validation.
-            and step != self._last_global_step_saved
-            and batch_idx + 1 < trainer.num_training_batches
+            and step not in (0, self._last_step)  # accumulated batches repeat a step's number
+            and batch_idx + 1 < trainer.num_training_batches  # else the epoch's save follows
         ):
+            self._last_step = step
             self._save_checkpoint(trainer, str(self.path))
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
