@@ -1,12 +1,6 @@
-"""Checkpoints, top to bottom:
-
-1. Writing: `AtomicCheckpointIO` (trainer.plugins: a kill mid-write leaves the old one whole),
-   `LastCheckpoint` and `ResumeState` (callbacks).
-2. Reading: `read_checkpoint` (a file or a folder of shards, `weights_only=True`) and
-   `load_module` (only the classes and networks a checkpoint may build: it is data).
-3. Checking: `check_same_dataset`, `check_same_shapes` (one line naming what differs).
-
-Finding the checkpoint a run continues from: `litforge.resume`; its folder: `litforge.runs`.
+"""Checkpoints: writing them (`AtomicCheckpointIO`, `LastCheckpoint`, `ResumeState`), reading them
+(`read_checkpoint`; `load_module` builds only what a checkpoint may build: it is data), and checking
+that one fits the configured data and model. Which checkpoint a run continues from: `resume`.
 """
 
 from __future__ import annotations
@@ -29,17 +23,13 @@ from litforge.errors import UserError, number_problem
 
 log = logging.getLogger(__name__)
 
-# --- 1. writing -----------------------------------------------------------------------------
-
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Each checkpoint written beside its target, flushed, then renamed over it: a kill mid-write
     leaves the old one whole. (Lightning's writer stages it in $TMPDIR, often another file system
     on clusters, and its final move is then a plain copy: Lightning #21253, open.)"""
 
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
-    ) -> None:
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
         if storage_options is not None:
             raise TypeError("AtomicCheckpointIO takes no storage_options")
         path = Path(path)
@@ -56,14 +46,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class LastCheckpoint(ModelCheckpoint):
-    """`checkpoints/last.ckpt` after every training epoch, and mid-epoch when the job is told to
-    stop (SIGTERM: preemption, `scancel`, a scheduler's time limit), before exiting.
-    `every_n_train_steps`: also every this many optimizer steps, for what no signal announces
-    (kill -9, a lost machine): such a stop then costs at most that many steps.
-
-    Lightning's `save_last` writes last.ckpt only when a monitored checkpoint is saved (by design
-    since 2.6, Lightning #20245 / #21244): a resumed run could go back many epochs.
-    """
+    """`checkpoints/last.ckpt` after every training epoch, and on SIGTERM (preemption, `scancel`,
+    a time limit) before exiting; `every_n_train_steps`: also every this many optimizer steps,
+    against stops no signal announces (kill -9, a lost machine). Lightning's `save_last` saves
+    only along with a monitored checkpoint (Lightning #20245): a resume could lose epochs."""
 
     def __init__(self, dirpath: str, every_n_train_steps: int | None = None) -> None:
         problem = every_n_train_steps is not None and number_problem(
@@ -98,20 +84,17 @@ class LastCheckpoint(ModelCheckpoint):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         step = trainer.global_step
-        if not self.every_n_steps or step == 0 or step % self.every_n_steps:
-            return
-        if step == self._last_step:  # batches accumulated into one step repeat its number
-            return
-        if batch_idx + 1 >= trainer.num_training_batches:
-            return  # the epoch's save follows, after validation (the same step would skip it)
-        self._last_step = step
-        self._save_checkpoint(trainer, str(self.path))
+        if (
+            self.every_n_steps
+            and step % self.every_n_steps == 0
+            and step not in (0, self._last_step)  # accumulated batches repeat a step's number
+            and batch_idx + 1 < trainer.num_training_batches  # else the epoch's save follows
+        ):
+            self._last_step = step
+            self._save_checkpoint(trainer, str(self.path))
 
-    def on_exception(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
-    ) -> None:
-        # Stopped between two batches of training: save them. (Not when testing: the weights
-        # are then those of the best checkpoint.)
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        # Not when testing: the weights are then those of the best checkpoint.
         if (
             isinstance(exception, SIGTERMException)
             and trainer.state.fn == TrainerFn.FITTING
@@ -122,9 +105,8 @@ class LastCheckpoint(ModelCheckpoint):
 
 
 class ResumeState(L.Callback):
-    """What Lightning leaves out of a checkpoint: the random number generators, so that a resumed
-    run draws the same dropout masks and augmentations as the run it continues; and the class of
-    the LightningModule, so that eval.py can rebuild it from the checkpoint alone."""
+    """What Lightning leaves out of a checkpoint: the random generators' states (a resumed run
+    draws the same dropout and augmentations) and the LightningModule's class (for eval.py)."""
 
     def __init__(self) -> None:
         self._states: dict[str, Any] | None = None
@@ -140,8 +122,7 @@ class ResumeState(L.Callback):
         self._states = checkpoint.get("rng_states")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Here rather than when loading: after the sanity check, right before the first batch,
-        # where the interrupted run also was.
+        # Not when loading: after the sanity check, before the first batch, where the run stopped.
         if self._states is None:
             return
         torch.set_rng_state(self._states["torch"])
@@ -151,51 +132,47 @@ class ResumeState(L.Callback):
         self._states = None
 
 
-# --- 2. reading ------------------------------------------------------------------------------
-
-
 def is_whole(folder: Path) -> bool:
-    """A folder of shards is complete once Lightning has written meta.pt after torch's
-    .metadata; either may be missing after a kill. (It is rewritten in place: not atomic.)"""
+    """A folder of shards is complete once Lightning has written meta.pt after torch's .metadata
+    (it is rewritten in place, not atomically)."""
     return (folder / ".metadata").is_file() and (folder / "meta.pt").is_file()
 
 
-def _starts_as_zip(path: Path) -> bool:
-    with path.open("rb") as f:
-        return f.read(4) == b"PK\x03\x04"
-
-
-def which_checkpoint(path: Path, key: str) -> str:
-    """What to give instead of a folder that is no checkpoint: a run folder's (or its
-    checkpoints/ folder's) checkpoints by name."""
+def which_checkpoint(path: Path) -> str:
+    """What to give for a folder that is no checkpoint: a run folder's checkpoints by name."""
     folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
     found = sorted(p.name for p in folder.glob("*.ckpt"))
     if not found:
         return (
-            f"{key}={path} is a folder, but neither a checkpoint nor a run folder with "
+            f"ckpt_path={path} is a folder, but neither a checkpoint nor a run folder with "
             f"checkpoints: point it at a checkpoint written by train.py "
             f"(<run dir>/checkpoints/last.ckpt)."
         )
     best = [name for name in found if name != "last.ckpt"]
     choices = [f"{folder / 'last.ckpt'} (the latest)"] if "last.ckpt" in found else []
     choices += [f"{folder / best[-1]} (the best)"] if best else []
-    return f"{key}={path} is a folder of checkpoints: give one, e.g. {key}=" + " or ".join(choices)
+    given = " or ".join(choices)
+    return f"ckpt_path={path} is a folder of checkpoints: give one, e.g. ckpt_path={given}"
+
+
+FIX = "Point it at a checkpoint written by train.py (<run dir>/checkpoints/)."
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The checkpoint in `path` (a file, or model_parallel's folder of shards put together in
-    memory), or a UserError saying why it cannot be used."""
-    key = "ckpt_path"
+    """The checkpoint in `path` (a file, or a folder of shards put together in memory), or a
+    UserError saying why it cannot be used."""
     path = Path(path).expanduser()
     if not path.exists():
-        raise UserError(f"{key}={path}: no such file.")
+        raise UserError(f"ckpt_path={path}: no such file.")
     if path.is_dir() and not is_whole(path):
-        raise UserError(which_checkpoint(path, key))
-    if path.is_file() and not _starts_as_zip(path):  # torch.save has written zips since 1.6
-        raise UserError(
-            f"{key}={path} is not a checkpoint (not a file torch.save wrote). Point it at a "
-            f"checkpoint written by train.py (<run dir>/checkpoints/)."
-        )
+        raise UserError(which_checkpoint(path))
+    if path.is_file():
+        with path.open("rb") as f:
+            zipped = f.read(4) == b"PK\x03\x04"  # what torch.save writes
+        if not zipped:
+            raise UserError(
+                f"ckpt_path={path} is not a checkpoint (not a file torch.save wrote). {FIX}"
+            )
     try:
         if path.is_dir():
             # Private, but torch has no public way to read shards into one state dict without a
@@ -208,13 +185,12 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     except Exception as err:  # torch.load raises many kinds on foreign bytes
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UserError(
-            f"{key}={path} is not a readable checkpoint ({first_line[:200]}). Point it at a "
-            f"checkpoint written by train.py (<run dir>/checkpoints/)."
+            f"ckpt_path={path} is not a readable checkpoint ({first_line[:200]}). {FIX}"
         ) from err
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise UserError(
-            f"{key}={path} is a torch file but not a Lightning checkpoint (no 'state_dict'). "
-            f"Point it at a checkpoint written by train.py (<run dir>/checkpoints/)."
+            f"ckpt_path={path} is a torch file but not a Lightning checkpoint (no 'state_dict'). "
+            + FIX
         )
     return checkpoint
 
@@ -222,9 +198,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
 def load_module(
     checkpoint: dict[str, Any], ckpt_path: str, default: str | None = None
 ) -> L.LightningModule:
-    """The LightningModule the checkpoint names (`module_class`, else `default`), rebuilt from
-    its saved arguments with its weights. Only classes of this package are imported: a
-    checkpoint must not be able to run code of its choosing."""
+    """The LightningModule the checkpoint names (`module_class`, else `default`) with its weights.
+    Only classes of this package are imported: a checkpoint must not run code of its choosing."""
     from hydra.utils import get_class
 
     name = checkpoint.get("module_class") or default
@@ -252,17 +227,14 @@ def load_module(
     return model
 
 
-# --- 3. checking -----------------------------------------------------------------------------
-
-
 def check_same_dataset(
     checkpoint: dict[str, Any],
     dataset: str | None,
     ckpt_path: str,
     class_names: Sequence[str] | None = None,
 ) -> None:
-    """The checkpoint was trained on the configured dataset, with the same classes (a folder of
-    your own images may have other ones under the same `data=image_folder`)."""
+    """The checkpoint was trained on the configured dataset, with the same classes (one
+    `data=image_folder` may have other classes than another)."""
     trained_on = checkpoint.get("datamodule_hyper_parameters", {}).get("name")
     if trained_on and dataset and trained_on != dataset:
         raise UserError(

@@ -1,8 +1,6 @@
-"""Config checks, in one place and with the config keys in their messages, run before any data is
-read or any process is launched. The classes check their own arguments too (in their own words,
-for use without Hydra); what can only be known from the data (a validation split larger than the
-dataset) is left to them.
-"""
+"""Config checks, named by their config keys, before any data is read or any process launched. The
+classes check their own arguments too (in their own words, for use without Hydra), and what only
+the data can tell (a validation split larger than the dataset)."""
 
 from __future__ import annotations
 

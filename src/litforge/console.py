@@ -1,6 +1,5 @@
-"""Console output: a short summary of the config at the start of a run (the whole tree goes to
-`<run dir>/config_tree.log`), the metrics table at its end, and Lightning's console output
-without its repeats and adverts (`quiet_lightning`)."""
+"""Console output: the config in short at the start of a run (the tree in `config_tree.log`),
+the metrics at its end, and Lightning's lines without repeats and adverts (`quiet_lightning`)."""
 
 from __future__ import annotations
 
@@ -21,20 +20,16 @@ CONFIG_ORDER = ("data", "model", "strategy", "trainer", "callbacks", "logger", "
 
 
 @rank_zero_only
-def print_config(cfg: DictConfig, save_to: Path | None = None) -> None:
+def print_config(cfg: DictConfig, save_to: Path) -> None:
     """Print which option of each config group the run uses and the command line's overrides;
     save the whole resolved config as a tree to `save_to`."""
-    if save_to is not None:
-        save_to.parent.mkdir(parents=True, exist_ok=True)
-        with save_to.open("w") as f:
-            rich.print(config_tree(cfg), file=f)
+    save_to.parent.mkdir(parents=True, exist_ok=True)
+    with save_to.open("w") as f:
+        rich.print(config_tree(cfg), file=f)
     groups, overrides = _choices()
-    lines = []
-    for title, words in (("Config", groups), ("Overrides", overrides)):
-        if words:  # (an override such as `callbacks=[a,b]` is no markup)
-            lines.append(f"[bold]{title}:[/] {rich.markup.escape(' '.join(words))}")
-    if save_to is not None:
-        lines.append(f"[bold]Full config:[/] {rich.markup.escape(str(save_to))}")
+    shown = {"Config": " ".join(groups), "Overrides": " ".join(overrides), "Full config": save_to}
+    # (escaped: an override such as `callbacks=[a,b]` is no markup)
+    lines = [f"[bold]{k}:[/] {rich.markup.escape(str(v))}" for k, v in shown.items() if v]
     # `highlight=False`: plain text, as the log lines around it (a path is no number to color).
     rich.get_console().print("\n".join(lines), highlight=False, soft_wrap=True)
 
@@ -53,8 +48,8 @@ def config_tree(cfg: DictConfig) -> rich.tree.Tree:
 
 
 def _choices() -> tuple[list[str], list[str]]:
-    """`group=option` for each config group in use (Hydra's own groups left out) and the
-    command line's overrides; nothing outside `@hydra.main`."""
+    """`group=option` for each config group in use (not Hydra's own) and the command line's
+    overrides; nothing outside `@hydra.main`."""
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized():
@@ -63,10 +58,7 @@ def _choices() -> tuple[list[str], list[str]]:
     chosen = {
         group: option
         for group, option in hydra_cfg.runtime.choices.items()
-        if option is not None
-        and group != "hydra"
-        and not group.startswith("hydra/")
-        and _exists(group, option)
+        if option is not None and group.split("/")[0] != "hydra" and _exists(group, option)
     }
     order = [g for g in CONFIG_ORDER if g in chosen] + [g for g in chosen if g not in CONFIG_ORDER]
     return [f"{g}={chosen[g]}" for g in order], list(hydra_cfg.overrides.task)
@@ -83,8 +75,7 @@ def print_metrics(metrics: dict[str, float], output_dir: Path) -> None:
 
 
 def _exists(group: str, option: str) -> bool:
-    """False for an optional default that has no file (`local: default` without
-    conf/local/default.yaml), which Hydra lists among the choices all the same."""
+    """False for an optional default without a file, which Hydra lists among the choices."""
     from hydra.core.global_hydra import GlobalHydra
 
     try:
@@ -94,10 +85,10 @@ def _exists(group: str, option: str) -> bool:
         return True
 
 
-# Lightning's console output that says nothing about this run.
+# Lightning's warnings that say nothing about this run: (message, category, module).
 _NOISE_WARNINGS = (
-    # Only about step-level logs, which are written every `log_every_n_steps` steps
-    # counted across epochs: an epoch shorter than that still logs them, and its epoch metrics.
+    # Only about step-level logs, written every `log_every_n_steps` steps counted across epochs:
+    # an epoch shorter than that still logs them.
     (
         r"The number of training batches \(\d+\) is smaller than the logging interval",
         UserWarning,
@@ -112,27 +103,21 @@ _NOISE_WARNINGS = (
 )
 
 
-class _NoAdverts(logging.Filter):
+def _no_adverts(record: logging.LogRecord) -> bool:
     """Drops Lightning's "💡 Tip: ... try installing litlogger / litmodels" lines."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("💡 Tip:")
+    return not str(record.msg).startswith("💡 Tip:")
 
 
 def quiet_lightning() -> None:
-    """Each of Lightning's log lines once on the console and in the run's log file; without its
-    adverts and the warnings in `_NOISE_WARNINGS`. Idempotent; call once logging is set up.
-
-    Lightning puts a console handler of its own on the `lightning` logger when imported (and
-    on `lightning.pytorch`/`lightning.fabric` when the root logger has none yet, without
-    passing their lines on), while its lines also reach the root logger's handlers, which
-    Hydra's job logging sets up: a console one and `<run dir>/<job>.log`. Where the root logger
-    has a console handler, Lightning's own are dropped and its lines go to the root's."""
+    """Each of Lightning's log lines once on the console and in the run's log file, without its
+    adverts and `_NOISE_WARNINGS`. Idempotent; call once logging is set up. (Lightning's loggers
+    have console handlers of their own, and their lines also reach the root logger's: Hydra's,
+    for the console and the log file. Where the root has a console, Lightning's are dropped.)"""
     for message, category, module in _NOISE_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
     ranks = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    if not any(isinstance(f, _NoAdverts) for f in ranks.filters):
-        ranks.addFilter(_NoAdverts())
+    if _no_adverts not in ranks.filters:
+        ranks.addFilter(_no_adverts)
     root = logging.getLogger()
     if not any(_is_console(h) for h in root.handlers):
         return  # (e.g. `hydra/job_logging=disabled`): Lightning's handlers are its only output

@@ -1,16 +1,8 @@
-"""The one pipeline behind `train.py` and `eval.py`. Nothing here knows the task: the datamodule
-says what the model is built with, the LightningModule and its callbacks do the rest.
-
-How a run flows:
-
-1. `checks.check_config`: values and combinations, named by their config keys, before anything
-   is read or launched.
-2. `build_datamodule` → `build_model` (with `datamodule.model_arguments()`) → `build_trainer`
-   (exactly the strategy, callbacks, loggers and plugins the config lists).
-3. `train`: `trainer.fit` (from `resume.checked_checkpoint` when `ckpt_path` is given), then
-   `trainer.test` of the best checkpoint. `evaluate`: the LightningModule a checkpoint names,
-   rebuilt from it (`checkpoints.load_module`), then `trainer.test`.
-4. `finish`: `metrics.json` and the table of final metrics in the run folder.
+"""The one pipeline behind `train.py` and `eval.py`; nothing here knows the task. A run: config
+checks (`checks.check_config`, before anything is read or launched) → datamodule → model (built
+with `datamodule.model_arguments()`) → Trainer (exactly what the config lists) → `trainer.fit` and
+`trainer.test` of the best checkpoint, or (`evaluate`) `trainer.test` of the LightningModule a
+checkpoint names → `metrics.json` and the table of final metrics in the run folder.
 """
 
 from __future__ import annotations
@@ -44,13 +36,11 @@ quiet_lightning()
 
 
 def instantiate(config: Any, **kwargs: Any) -> Any:
-    """Hydra's `instantiate`; a bad setting (a constructor's ValueError or TypeError, a
-    `_target_` that does not import) becomes a UserError naming its config key."""
+    """Hydra's `instantiate`; a bad setting becomes a UserError naming its config key."""
     try:
         return hydra.utils.instantiate(config, **kwargs)
     except InstantiationException as err:
-        line = one_line(err)
-        if line is None:
+        if (line := one_line(err)) is None:
             raise
         raise UserError(line) from err
 
@@ -66,9 +56,8 @@ def start(cfg: DictConfig) -> None:
 
 
 def prepare_run(cfg: DictConfig) -> None:
-    """The `prepare_run(cfg)` class method of each class the strategy and callbacks name, if it
-    has one: how a feature folder's strategy or callback checks its settings (a UserError naming
-    the key) and sets up what must exist before the Trainer, before anything is read."""
+    """Call the `prepare_run(cfg)` class method of each class the strategy and callbacks name:
+    a feature's own config checks and set-up, before anything is read or built."""
     for entry in [cfg.get("strategy"), *(cfg.get("callbacks") or {}).values()]:
         target = entry.get("_target_") if OmegaConf.is_dict(entry) else None
         try:
@@ -84,11 +73,8 @@ def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
 
 
 def build_model(cfg: DictConfig, datamodule: L.LightningDataModule) -> L.LightningModule:
-    model = instantiate(
-        cfg.model,
-        **datamodule.model_arguments(),
-        _recursive_=False,  # net/optimizer/scheduler stay configs; the module builds them
-    )
+    # `_recursive_=False`: net, optimizer and scheduler stay configs, which the module builds.
+    model = instantiate(cfg.model, **datamodule.model_arguments(), _recursive_=False)
     if any(entry and entry.get("log_graph") for entry in (cfg.get("logger") or {}).values()):
         # What TensorBoard traces the graph with. Only then: Lightning's model summary would
         # also run it through the model, which sharded models cannot do on one rank.
@@ -99,18 +85,16 @@ def build_model(cfg: DictConfig, datamodule: L.LightningDataModule) -> L.Lightni
 def _instantiate_entries(group: DictConfig | None, **fill: Any) -> list[Any]:
     """Each entry of a `{name: {_target_: ...}}` group (null entries are off); a `???` argument
     named in `fill` gets that value."""
-    objects = []
-    for entry in (group or {}).values():
-        if entry and "_target_" in entry:
-            missing = {k: v for k, v in fill.items() if OmegaConf.is_missing(entry, k)}
-            objects.append(instantiate(entry, **missing))
-    return objects
+    return [
+        instantiate(entry, **{k: v for k, v in fill.items() if OmegaConf.is_missing(entry, k)})
+        for entry in (group or {}).values()
+        if entry and "_target_" in entry
+    ]
 
 
 class NoProfiler(PassThroughProfiler):
-    """What `trainer.profiler: null` gives: no profiling. Lightning's default for it opens a
-    generator-based context around each of the ~100 hooks and loop stages of a training step
-    (~0.2 ms a step on a CPU); this one hands back one reusable empty context."""
+    """`trainer.profiler: null`. Lightning's default opens a context around each of the ~100 hooks
+    and loop stages of a step (~0.2 ms a step on a CPU); this one hands back one empty context."""
 
     _nothing = contextlib.nullcontext()
 
@@ -148,20 +132,17 @@ def _float_metrics(trainer: L.Trainer) -> dict[str, float]:
 
 
 def fit(trainer: L.Trainer, model: L.LightningModule, datamodule, ckpt_path=None) -> None:
-    """`trainer.fit`, with the ~400k long-lived objects that imports, configs and data leave
-    behind out of the garbage collector's sight while it runs: each full collection would scan
-    them all (~0.1 s here) and find nothing to free.
-
-    A SIGTERM stops training after the current batch; `checkpoints.LastCheckpoint` saves it, and the
-    process exits with status 143. A lost process of a multi-process job is named in one line.
-    """
+    """`trainer.fit`, with the ~400k long-lived objects of imports, configs and data frozen out of
+    the garbage collector's sight (each full collection would scan them, ~0.1 s, for nothing).
+    A lost process of a multi-process job ends it in one line (`ReportsLostProcesses`)."""
     gc.collect()
     gc.freeze()
     try:
         with resume.stopped_by_sigterm(trainer, "training"):
             trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     except Exception as err:
-        if lost := _lost_process(trainer.strategy, err):
+        describe = getattr(trainer.strategy, "lost_process", None)
+        if lost := describe and describe(err):
             # The job is over. torchrun stops the other processes with SIGTERM: here, that would
             # run Lightning's handler, whose collective fails again, in the middle of this.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -171,12 +152,6 @@ def fit(trainer: L.Trainer, model: L.LightningModule, datamodule, ckpt_path=None
         gc.unfreeze()
 
 
-def _lost_process(strategy: Any, err: Exception) -> str | None:
-    """`strategies.ReportsLostProcesses`' line for `err`, if this strategy is one."""
-    describe = getattr(strategy, "lost_process", None)
-    return describe(err) if describe else None
-
-
 def test(trainer: L.Trainer, model: L.LightningModule, datamodule, ckpt_path=None) -> None:
     with resume.stopped_by_sigterm(trainer, "testing"):
         trainer.test(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
@@ -184,35 +159,30 @@ def test(trainer: L.Trainer, model: L.LightningModule, datamodule, ckpt_path=Non
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit, then test the best checkpoint; with `train=false`, test `ckpt_path`. Returns the
-    final metrics (`metrics.json`)."""
+    final metrics."""
     start(cfg)
+    fitting = cfg.get("train")
+    ckpt_path, checkpoint = resume.default_checkpoint(cfg.get("ckpt_path")), None
+    if ckpt_path == "auto":  # before the loggers, which append to a resumed run's logs
+        found = resume.auto_checkpoint(cfg.paths.output_dir, fitting=fitting)
+        ckpt_path = str(found) if found else None
     with open_dict(cfg):
-        cfg.ckpt_path = resume.default_checkpoint(cfg.get("ckpt_path"))
-    if cfg.ckpt_path == "auto":  # before the loggers, which append to a resumed run's logs
-        found = resume.auto_checkpoint(cfg.paths.output_dir, fitting=cfg.get("train"))
-        with open_dict(cfg):
-            cfg.ckpt_path = str(found) if found else None
+        cfg.ckpt_path = ckpt_path
     datamodule = build_datamodule(cfg)
     model = build_model(cfg, datamodule)
     trainer = build_trainer(cfg)
-    ckpt_path, checkpoint = cfg.get("ckpt_path"), None
     if ckpt_path:
+        sharded = isinstance(trainer.strategy, (ModelParallelStrategy, FSDPStrategy))
         ckpt_path, checkpoint = resume.checked_checkpoint(
-            ckpt_path,
-            cfg.paths.output_dir,
-            model,
-            datamodule.hparams.get("name"),
-            fitting=cfg.get("train"),
-            sharded=isinstance(trainer.strategy, (ModelParallelStrategy, FSDPStrategy)),
+            ckpt_path, cfg.paths.output_dir, model, datamodule.hparams.get("name"), fitting, sharded
         )
     if check_fit := getattr(trainer.strategy, "check_fit", None):  # before processes start
-        check_fit(model, ckpt_path if cfg.get("train") else None)
+        check_fit(model, ckpt_path if fitting else None)
 
     metrics: dict[str, float] = {}
-    if cfg.get("train"):
+    if fitting:
         fit(trainer, model, datamodule, ckpt_path=ckpt_path)
         if ckpt_path and not any(k.startswith("val/") for k in trainer.callback_metrics):
-            # The checkpoint had reached max_epochs already: nothing was trained or validated.
             log.warning(
                 f"{ckpt_path} already reached trainer.max_epochs={trainer.max_epochs}: nothing "
                 f"left to train (raise trainer.max_epochs to train on). Validating it instead."
@@ -236,8 +206,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
-    """Test a checkpoint (a file or a folder of shards) on the test split, with the
-    LightningModule, network and settings stored in it."""
+    """Test a checkpoint (a file or a folder of shards) with the module and settings it stores."""
     start(cfg)
     checkpoint = checkpoints.read_checkpoint(cfg.ckpt_path)
     data_from_checkpoint(cfg, checkpoint)
@@ -245,11 +214,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if configured and checkpoint.get("module_class"):
         log.info("model=... is not used: the checkpoint says what the model is.")
     datamodule = build_datamodule(cfg)
+    classes = datamodule.model_arguments().get("class_names")
     checkpoints.check_same_dataset(
-        checkpoint,
-        datamodule.hparams.get("name"),
-        cfg.ckpt_path,
-        datamodule.model_arguments().get("class_names"),
+        checkpoint, datamodule.hparams.get("name"), cfg.ckpt_path, classes
     )
     model = checkpoints.load_module(checkpoint, cfg.ckpt_path, default=configured)
     trainer = build_trainer(cfg)
@@ -259,8 +226,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
 def data_from_checkpoint(cfg: DictConfig, checkpoint: dict[str, Any]) -> None:
     """Fill in the data settings the checkpoint knows (image size, channels, normalization) where
-    the datamodule has them unset; one that is set to another value is a UserError, before any
-    data is read."""
+    they are unset; one set to another value is a UserError."""
     hp = checkpoint.get("hyper_parameters", {})
     if not hp.get("input_shape"):
         return
@@ -277,9 +243,7 @@ def data_from_checkpoint(cfg: DictConfig, checkpoint: dict[str, Any]) -> None:
         given = cfg.data[key]
         if given is None:
             cfg.data[key] = trained
-        elif not _same(
-            OmegaConf.to_object(given) if OmegaConf.is_config(given) else given, trained
-        ):
+        elif not _same(given, trained):
             raise UserError(
                 f"data.{key}={given}, but {cfg.ckpt_path} was trained with {trained}: leave "
                 f"data.{key} out (it comes from the checkpoint), or evaluate another checkpoint."
@@ -287,22 +251,19 @@ def data_from_checkpoint(cfg: DictConfig, checkpoint: dict[str, Any]) -> None:
 
 
 def _same(given: Any, trained: Any) -> bool:
-    if isinstance(trained, list):
-        return (
-            isinstance(given, list)
-            and len(given) == len(trained)
-            and all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(given, trained, strict=True))
-        )
-    return given == trained
+    given = OmegaConf.to_object(given) if OmegaConf.is_config(given) else given
+    if not isinstance(trained, list) or not isinstance(given, list) or len(given) != len(trained):
+        return given == trained
+    return all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(given, trained, strict=True))
 
 
 def finish(cfg: DictConfig, trainer: L.Trainer, metrics: dict[str, float]) -> dict[str, float]:
-    """Write `metrics.json` into the run dir and print the final table (rank 0)."""
+    """Write `metrics.json` and print the final table (rank 0)."""
     if trainer.is_global_zero:
         output_dir = Path(cfg.paths.output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
-        path = output_dir / "metrics.json"
-        path.write_text(json.dumps(dict(sorted(metrics.items())), indent=2) + "\n")
+        metrics_json = json.dumps(dict(sorted(metrics.items())), indent=2)
+        (output_dir / "metrics.json").write_text(metrics_json + "\n")
         print_metrics(metrics, output_dir)
     return metrics
 
@@ -316,5 +277,4 @@ def optimized_metric(cfg: DictConfig, metrics: dict[str, float]) -> float | None
         raise UserError(
             f"optimized_metric={name} was not logged. Logged: {', '.join(sorted(metrics))}."
         )
-    value = metrics[name]
-    return value if math.isfinite(value) else float("nan")
+    return metrics[name] if math.isfinite(metrics[name]) else float("nan")

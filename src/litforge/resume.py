@@ -1,11 +1,6 @@
-"""Surviving a stop, and finding the checkpoint to continue from:
-
-1. Stopping: `stopped_by_sigterm`, exit status 143.
-2. Finding: `newest_loadable` picks the checkpoint of the run that `ckpt_path=last` (or `auto`)
-   continues (`litforge.runs.run_dir` found its folder; `auto_checkpoint`: or none, to start
-   fresh), `checked_checkpoint` checks that it fits the configured model and data.
-
-Writing and reading checkpoints: `litforge.checkpoints`.
+"""Stopping on SIGTERM (`stopped_by_sigterm`), and finding the checkpoint a run continues from:
+`ckpt_path=last` or `auto` in the run folder `runs.run_dir` found (`newest_loadable`), checked to
+fit the configured model and data (`checked_checkpoint`).
 """
 
 from __future__ import annotations
@@ -19,42 +14,32 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from litforge.checkpoints import (
-    LastCheckpoint,
-    check_same_dataset,
-    check_same_shapes,
-    is_whole,
-    read_checkpoint,
-    which_checkpoint,
-)
+from litforge import checkpoints
 from litforge.errors import UserError
 from litforge.runs import how_to_resume, restarting_launcher
 
 log = logging.getLogger(__name__)
-
-# --- 1. stopping ------------------------------------------------------------------------------
+# Once per job: Lightning knows the rank from the launcher's environment before the strategy does.
+info_on_rank_zero = rank_zero_only(log.info)
 
 
 @contextmanager
 def stopped_by_sigterm(trainer: L.Trainer, what: str) -> Iterator[None]:
-    """Lightning stops on SIGTERM by raising SIGTERMException, a SystemExit with status 0 (fixed
-    after 2.6.6, Lightning #19916 / PR #21623); exit with 143 (128 + SIGTERM, what schedulers
-    expect of a stopped job) instead, saying so."""
+    """Exit with 143 (128 + SIGTERM, what schedulers expect of a stopped job), saying so, where
+    Lightning's SIGTERMException exits with 0 (up to 2.6.6, Lightning #19916)."""
     try:
         yield
     except SIGTERMException:
         if trainer.is_global_zero:
-            saved = [cb for cb in trainer.callbacks if isinstance(cb, LastCheckpoint)]
+            saved = [cb for cb in trainer.callbacks if isinstance(cb, checkpoints.LastCheckpoint)]
             where = f"saved to {saved[0].path}" if saved else "not saved"
             log.warning(
                 f"Stopped while {what} at epoch {trainer.current_epoch}, step "
                 f"{trainer.global_step}; checkpoint {where}: {how_to_resume()}."
             )
         sys.exit(143)
-
-
-# --- 2. finding --------------------------------------------------------------------------------
 
 
 def default_checkpoint(ckpt_path: str | None) -> str | None:
@@ -64,17 +49,17 @@ def default_checkpoint(ckpt_path: str | None) -> str | None:
 
 
 def newest_loadable(checkpoint_dir: Path, required: bool = True) -> Path | None:
-    """The newest checkpoint in `checkpoint_dir` that loads; broken ones are named and skipped.
+    """The newest checkpoint in `checkpoint_dir` that loads (broken ones are named and skipped);
     None if there is none and not `required`."""
     candidates = sorted(
         checkpoint_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True
     )
     for path in candidates:
-        if path.is_dir() and not is_whole(path):
+        if path.is_dir() and not checkpoints.is_whole(path):
             log.warning(f"Skipping {path}: a folder of shards cut off while written")
             continue
         try:
-            checkpoint = {} if path.is_dir() else read_checkpoint(path)
+            checkpoint = {} if path.is_dir() else checkpoints.read_checkpoint(path)
         except UserError as err:
             log.warning(f"Skipping {path}: {err}")
             continue
@@ -83,7 +68,7 @@ def newest_loadable(checkpoint_dir: Path, required: bool = True) -> Path | None:
             if checkpoint
             else "shards"
         )
-        _on_rank_zero(log.info, f"Resuming from {path} ({where})")
+        info_on_rank_zero(f"Resuming from {path} ({where})")
         return path
     if not required:
         return None
@@ -95,26 +80,17 @@ def newest_loadable(checkpoint_dir: Path, required: bool = True) -> Path | None:
 
 def auto_checkpoint(output_dir: str, fitting: bool = True) -> Path | None:
     """`ckpt_path=auto`: the newest checkpoint of this run's folder that loads, or None to start
-    fresh; one line says which. (Testing only, `fitting` false: a UserError if there is none.)"""
-    checkpoints = Path(output_dir) / "checkpoints"
-    found = newest_loadable(checkpoints, required=False) if checkpoints.is_dir() else None
+    fresh (not `fitting`: a UserError)."""
+    folder = Path(output_dir) / "checkpoints"
+    found = newest_loadable(folder, required=False) if folder.is_dir() else None
     if found is None and not fitting:
         raise UserError(
-            f"ckpt_path=auto: no checkpoint in {checkpoints} to test (train=false). Give "
+            f"ckpt_path=auto: no checkpoint in {folder} to test (train=false). Give "
             f"ckpt_path=<file or folder>."
         )
     if found is None:
-        _on_rank_zero(log.info, f"No checkpoint in {checkpoints}, starting fresh")
+        info_on_rank_zero(f"No checkpoint in {folder}, starting fresh")
     return found
-
-
-def _on_rank_zero(say: Any, message: str) -> None:
-    """Said once per job, before the processes know their ranks from the strategy (Lightning
-    reads them from the launcher's environment)."""
-    from lightning.pytorch.utilities.rank_zero import rank_zero_only
-
-    if rank_zero_only.rank == 0:
-        say(message)
 
 
 def checked_checkpoint(
@@ -125,28 +101,28 @@ def checked_checkpoint(
     fitting: bool,
     sharded: bool,
 ) -> tuple[str, dict[str, Any] | None]:
-    """The checkpoint `ckpt_path` names (`last`: the newest of this run that loads), and its
-    contents, checked to fit `model` and `dataset` before anything starts. A folder of shards to
-    fit from is left to the (`sharded`) strategy, which reads and checks it."""
+    """The checkpoint `ckpt_path` names (`last`: the newest of this run that loads) and its
+    contents, checked to fit `model` and `dataset`; a folder of shards to fit from is left to the
+    (`sharded`) strategy."""
     if ckpt_path == "last":
-        checkpoints = Path(output_dir) / "checkpoints"
-        if not checkpoints.is_dir():  # ${run_dir:} found no earlier run of this command
+        folder = Path(output_dir) / "checkpoints"
+        if not folder.is_dir():  # ${run_dir:} found no earlier run of this command
             raise UserError(
                 f"ckpt_path=last: no earlier run of this command (the same overrides, ckpt_path "
                 f"aside) has a checkpoint in {Path(output_dir).parent}. Resume a given "
                 f"run with hydra.run.dir=<its folder> ckpt_path=last, or ckpt_path=<file>."
             )
-        ckpt_path = str(newest_loadable(checkpoints))
+        ckpt_path = str(newest_loadable(folder))
     if fitting and Path(ckpt_path).is_dir():
-        if not is_whole(Path(ckpt_path)):
-            raise UserError(which_checkpoint(Path(ckpt_path), "ckpt_path"))
+        if not checkpoints.is_whole(Path(ckpt_path)):
+            raise UserError(checkpoints.which_checkpoint(Path(ckpt_path)))
         if not sharded:
             raise UserError(
                 f"{ckpt_path} is a folder of shards: training resumes from it with "
                 f"strategy=model_parallel at the size that wrote it (to test it: train=false)."
             )
         return ckpt_path, None
-    checkpoint = read_checkpoint(ckpt_path)
-    check_same_dataset(checkpoint, dataset, ckpt_path, model.hparams.get("class_names"))
-    check_same_shapes(checkpoint["state_dict"], model.state_dict(), ckpt_path)
+    checkpoint = checkpoints.read_checkpoint(ckpt_path)
+    checkpoints.check_same_dataset(checkpoint, dataset, ckpt_path, model.hparams.get("class_names"))
+    checkpoints.check_same_shapes(checkpoint["state_dict"], model.state_dict(), ckpt_path)
     return ckpt_path, checkpoint

@@ -1,12 +1,6 @@
-"""Where a run writes, and which launcher started it. Nothing here imports torch: the
-`${run_dir:...}` resolver (conf/hydra/default.yaml) runs before the task does.
-
-- `run_dir`: a new run's folder, or the folder of the run that `ckpt_path` continues: the one
-  place that looks into earlier runs to decide where a run writes.
-- `job_id`: the cluster launcher's name for a job (SLURM, torchrun), so that all processes of a
-  multi-node job agree on one folder.
-- `restarting_launcher`, `how_to_resume`: whether a launcher runs the command again after a
-  failure (torchrun --max-restarts, SLURM), and what a stopped run tells its user.
+"""Where a run writes (`run_dir`: a new folder, or that of the run `ckpt_path` continues), and
+which launcher started it (`job_id`, `restarting_launcher`). No torch here: the `${run_dir:...}`
+resolver (conf/hydra/default.yaml) runs before the task does.
 """
 
 from __future__ import annotations
@@ -25,15 +19,13 @@ from litforge.errors import UserError
 def slurm_batch_job() -> bool:
     """A job SLURM started (`sbatch`, `srun`), not an interactive shell in an allocation: the
     processes Lightning treats as SLURM's (its `SLURMEnvironment.detect`)."""
-    return "SLURM_NTASKS" in os.environ and os.environ.get("SLURM_JOB_NAME") not in (
-        "bash",
-        "interactive",
-    )
+    interactive = os.environ.get("SLURM_JOB_NAME") in ("bash", "interactive")
+    return "SLURM_NTASKS" in os.environ and not interactive
 
 
 def restarting_launcher() -> str | None:
     """ "torchrun" (with restarts left to it) or "slurm" when the launcher may run this job's
-    command again after a failure, else None."""
+    command again after a failure."""
     if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0:
         return "torchrun"
     if slurm_batch_job():
@@ -58,13 +50,9 @@ def how_to_resume() -> str:
 
 
 def job_id() -> str | None:
-    """The cluster launcher's name for this job: `slurm-<job id>[-<array task>]`,
-    `torchrun-<rendezvous id>`; None when started otherwise.
-
-    Every process of a multi-node job computes this for itself; a shared job id puts them all
-    into one folder, where timestamps taken on different machines could differ by a second. A
-    restarted or requeued job keeps its id, and so its folder.
-    """
+    """The cluster launcher's name for this job (`slurm-<job id>[-<array task>]`,
+    `torchrun-<rendezvous id>`), or None: all processes of a multi-node job, and the job once
+    restarted or requeued, agree on it (and so on its folder), where timestamps would not."""
     if slurm_batch_job() and os.environ.get("SLURM_JOB_ID"):
         array = os.environ.get("SLURM_ARRAY_TASK_ID")
         return f"slurm-{os.environ['SLURM_JOB_ID']}" + (f"-{array}" if array else "")
@@ -109,10 +97,10 @@ def run_dir(runs_root: str, ckpt_path: str | None, overrides: Any = None, fits: 
             }
             if any(newest.values()):
                 return str(max(newest, key=newest.__getitem__))
-        elif (run := Path(ckpt_path).expanduser().resolve().parent.parent) in {
-            r.resolve() for r in runs
-        }:
-            return str(run)
+        else:  # <run>/checkpoints/<file>
+            run = Path(ckpt_path).expanduser().resolve().parent.parent
+            if run in {r.resolve() for r in runs}:
+                return str(run)
     return str(root / run_id())
 
 

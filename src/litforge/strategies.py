@@ -1,10 +1,8 @@
-"""Lightning's DDP with two changes (conf/strategy/ddp*.yaml select it): its gradient
-communication hook on every device, and a lost process named in one line (`ReportsLostProcesses`,
-which the strategies of the feature folders use too).
+"""Lightning's DDP with its gradient communication hook on every device and a lost process named
+in one line (`ReportsLostProcesses`, which the feature folders' strategies use too).
 
-A strategy may check its own settings before anything is built: a `prepare_run(cfg)` class
-method (`litforge.pipeline.prepare_run`); and the model and the checkpoint to resume from before
-its processes start: a `check_fit(model, ckpt_path)` method (`litforge.pipeline.train`).
+A strategy may also check its settings (`prepare_run(cfg)`, a class method) and the model and
+checkpoint before its processes start (`check_fit(model, ckpt_path)`): see `pipeline`.
 """
 
 from __future__ import annotations
@@ -28,13 +26,10 @@ log = logging.getLogger(__name__)
 
 
 class ReportsLostProcesses:
-    """When training fails in a multi-process job, say which process was lost rather than
-    show the communication error it left behind (gloo: "Connection reset by peer").
-
-    `lost_process(exception)` is the line: `pipeline.fit` raises it as one `error:` line. (It is
-    worked out when Lightning calls `on_exception`, before it stops the processes this one
-    started.) Processes that hang instead of dying are bounded by the strategy's `timeout`.
-    """
+    """When training fails in a multi-process job, `lost_process(exception)` says which process
+    was lost rather than the communication error it left behind (gloo: "Connection reset by
+    peer"); `pipeline.fit` raises it as one line. It is worked out in `on_exception`, before
+    Lightning stops the processes this one started. A hung process is bounded by `timeout`."""
 
     _lost: str | None = None
     already_lost: frozenset[int] = frozenset()  # ranks the job went on without (parameter_server)
@@ -66,8 +61,7 @@ class ReportsLostProcesses:
         if any(_is_communication_error(e) for e in (exception, exception.__context__) if e):
             return (
                 f"rank {self.global_rank} lost contact with the other processes of the job "
-                f"({_what_failed(exception)}); one of them stopped or died: "
-                f"{how_to_resume()}."
+                f"({_what_failed(exception)}); one of them stopped or died: {how_to_resume()}."
             )
         return None
 
@@ -85,10 +79,9 @@ class ReportsLostProcesses:
 
 
 class _LostProcessObserver(_ChildProcessObserver):
-    """Lightning's watch over the processes a launcher started: within 5 s of one dying, it
-    SIGKILLs them all and this process too, without a word. Here it first leaves this process
-    `grace` seconds to name the lost one and stop by itself, which it does at once unless it
-    hangs (a dead peer fails gloo's operations straight away)."""
+    """Lightning's watch over the processes a launcher started SIGKILLs them all, this one too,
+    within 5 s of one dying, without a word. This one first leaves `grace` seconds to name the
+    lost one and stop (at once, unless it hangs: a dead peer fails gloo's operations)."""
 
     grace = 10.0
 
@@ -98,15 +91,15 @@ class _LostProcessObserver(_ChildProcessObserver):
 
 
 class ReportingLauncher(_SubprocessScriptLauncher):
-    """Lightning's launcher for `python train.py` on one machine (it starts the job's other
-    processes), with `_LostProcessObserver` over those the strategy says end the job."""
+    """Lightning's launcher for `python train.py` on one machine, with `_LostProcessObserver`
+    over the processes the strategy says end the job."""
 
     def __init__(self, strategy: ReportsLostProcesses) -> None:
         super().__init__(strategy.cluster_environment, strategy.num_processes, strategy.num_nodes)
         self.strategy = strategy
 
     def launch(self, function, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
-        # Lightning's `launch`, with the watch above.
+        # Lightning's, with the watch above.
         self.cluster_environment.validate_settings(self.num_processes, self.num_nodes)
         if not self.cluster_environment.creates_processes_externally:
             self._call_children_scripts()
@@ -119,10 +112,8 @@ class ReportingLauncher(_SubprocessScriptLauncher):
 def _what_failed(exception: BaseException) -> str:
     """The gist of a communication error: its first sentence, without gloo's source location."""
     text = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", str(exception)).strip()
-    first = re.split(r"(?<=[a-z])\. ", text.splitlines()[0] if text else type(exception).__name__)[
-        0
-    ]
-    return first[:200]
+    first_line = text.splitlines()[0] if text else type(exception).__name__
+    return re.split(r"(?<=[a-z])\. ", first_line)[0][:200]
 
 
 # What gloo and NCCL say when a peer is gone. "Application timeout caused pair closure": a
@@ -131,18 +122,15 @@ COMMUNICATION_ERRORS = ("gloo", "NCCL", "Connection reset", "Connection closed",
 
 
 def _is_communication_error(exception: BaseException) -> bool:
-    text = str(exception)
     return isinstance(exception, torch.distributed.DistError) or any(
-        marker in text for marker in COMMUNICATION_ERRORS
+        marker in str(exception) for marker in COMMUNICATION_ERRORS
     )
 
 
 class DDPStrategy(ReportsLostProcesses, _LightningDDPStrategy):
-    """Lightning's DDP, with its communication hook attached on every device.
-
-    Lightning (2.6.6) registers `ddp_comm_hook` (gradient compression: fp16, bf16, PowerSGD) only
-    when training on CUDA and silently drops it otherwise; torch runs these hooks on gloo too.
-    """
+    """Lightning's DDP, with its communication hook attached on every device: Lightning (2.6.6)
+    registers `ddp_comm_hook` (gradient compression: fp16, bf16, PowerSGD) only on CUDA and
+    silently drops it otherwise; torch runs these hooks on gloo too."""
 
     def _register_ddp_hooks(self) -> None:
         if self._ddp_comm_hook is None:

@@ -105,18 +105,27 @@ def write(
     (sweep_dir / "summary.md").write_text(_markdown(table, columns))
 
     if metric and any(metric in job.metrics for job in jobs):
-        from litforge import plots
-
-        scored = [job for job in jobs if metric in job.metrics]
-        varying = _varying(jobs)
-        labels = [f"#{job.num} {varying[job.num]}" for job in scored]
-        values = [job.metrics[metric] for job in scored]
-        plots.close(plots.sweep(labels, values, metric, sweep_dir / "plots" / "sweep.png"))
+        _plot(jobs, metric, sweep_dir / "plots" / "sweep.png")
 
     if show:  # the columns that decide; the files have them all
         shown = ["job", "overrides", "status", metric, "test/acc", "error"]
         print(f"Sweep summary ({sweep_dir / 'summary.md'}):")
         print(_markdown(table, [c for c in dict.fromkeys(shown) if c in columns]), end="")
+
+
+def _plot(jobs: list[JobResult], metric: str, path: Path) -> None:
+    """The optimized metric of each job that has one (not NaN), first job on top."""
+    from litforge import plots
+
+    varying = _varying(jobs)
+    scored = [job for job in jobs if not math.isnan(job.metrics.get(metric, math.nan))][::-1]
+    fig, ax = plots.pyplot().subplots(figsize=(8, 1.5 + 0.4 * len(scored)), dpi=100)
+    ax.barh(
+        [f"#{job.num} {varying[job.num]}" for job in scored],
+        [job.metrics[metric] for job in scored],
+    )
+    ax.set(xlabel=metric, title=f"{metric} per job")
+    plots.close(plots.save(fig, path))
 
 
 def _markdown(table: list[dict[str, str]], columns: list[str]) -> str:

@@ -1,9 +1,8 @@
 """Networks (plain `nn.Module`s) and the LightningModule that trains them.
 
-A checkpoint stores the configs of its network, optimizer and scheduler, and eval.py, predict.py,
-export.py, serve.py and `ClassificationModule.load_from_checkpoint` build them again from it. A
-checkpoint is data, so what it may build is listed here, and anything else is refused before
-it is called (the configs you train with are held to the same lists):
+A checkpoint stores the configs of its network, optimizer and scheduler, which are built again
+from it. A checkpoint is data, so what it may build is listed here and anything else is refused
+before it is called (the configs you train with too):
 
 - `NETWORKS`: what `model.net._target_` may name. **Add your own network here.**
 - `OPTIMIZERS`: the module prefixes of what `model.optimizer._target_` and

@@ -25,9 +25,8 @@ from litforge.models import NETWORKS, OPTIMIZERS
 
 def check_buildable(config: Any, key: str, allowed: Sequence[str], prefix: bool = False) -> None:
     """A UserError unless `config` builds one of `allowed` (`prefix`: a name starting with one of
-    them) from plain values: no nested `_target_`, no `${...}` interpolation (a resolver such as
-    `oc.decode` could produce one). Checked before anything is built, whether the config comes
-    from Hydra or from a checkpoint (see litforge/models/__init__.py)."""
+    them) from plain values: no nested `_target_`, no `${...}` (a resolver such as `oc.decode`
+    could make one). For configs from Hydra and from checkpoints (see models/__init__.py)."""
     if config is None:
         return
     config = _plain(config)
@@ -60,9 +59,7 @@ def check_buildable(config: Any, key: str, allowed: Sequence[str], prefix: bool 
                 f"{where}={value} is an interpolation: a model's {key} takes plain values."
             )
 
-    for k, v in config.items():
-        if k != "_target_":
-            refuse(v, f"{key}.{k}")
+    refuse({k: v for k, v in config.items() if k != "_target_"}, key)
 
 
 def _plain(config: Any) -> Any:
@@ -75,10 +72,9 @@ def _plain(config: Any) -> Any:
 class ClassificationModule(L.LightningModule):
     """Cross-entropy training of `net` with TorchMetrics evaluation.
 
-    `net`, `optimizer` and `scheduler` are Hydra configs (`_target_`; the latter two
-    `_partial_: true`), stored as plain dicts in the checkpoint. So
-    `ClassificationModule.load_from_checkpoint(path, weights_only=True)` rebuilds the model
-    without Hydra, on torch >= 2.6 too: no module or function is pickled.
+    `net`, `optimizer` and `scheduler` are Hydra configs (the latter two `_partial_: true`), kept
+    as plain dicts: `load_from_checkpoint(path, weights_only=True)` rebuilds the model without
+    Hydra and without unpickling code.
 
     Logged: `{train,val,test}/loss`, `/acc`, `val|test/f1` (macro), `val|test/acc_balanced`
     (the mean of the per-class recalls, for imbalanced classes), `val/acc_best`.
@@ -117,39 +113,33 @@ class ClassificationModule(L.LightningModule):
                 "optimizer": _plain(optimizer),
                 "scheduler": _plain(scheduler),
                 "class_names": list(class_names) if class_names is not None else None,
-                # Changes the numerics slightly (other conv kernels): kept, so that a loaded
-                # checkpoint computes exactly what the training run computed.
+                # Other conv kernels, other numerics: a checkpoint computes as in training.
                 "channels_last": bool(channels_last),
                 # `data.balance=loss`: the training loss weighs each class by these.
                 "class_weights": list(class_weights) if class_weights is not None else None,
-                # How the data normalized uint8 pixels (per channel, of pixels scaled to [0, 1]):
-                # what predict.py, export.py and serve.py apply to new images.
+                # How the data normalized [0, 1] pixels per channel: new images get the same.
                 "mean": [float(v) for v in mean] if mean is not None else None,
                 "std": [float(v) for v in std] if std is not None else None,
             },
             logger=False,  # the pipeline logs the whole resolved run config instead
         )
-        # How to run the network, not what it is: kept out of the checkpoint, so that a
-        # checkpoint from a compiled run loads into an eager one and the other way round.
+        # Not in the checkpoint: a compiled run's checkpoint loads into an eager one, and back.
         self.compile_net = compile
         self.net = instantiate(self.hparams.net, input_shape=input_shape, num_classes=num_classes)
         weights = torch.tensor(class_weights, dtype=torch.float32) if class_weights else None
         self.register_buffer("class_weights", weights, persistent=False)
 
-        def metrics(prefix: str) -> MetricCollection:
-            return MetricCollection(
-                {
-                    "acc": MulticlassAccuracy(num_classes, average="micro"),
-                    "f1": MulticlassF1Score(num_classes, average="macro"),
-                    "acc_balanced": MulticlassAccuracy(num_classes, average="macro"),
-                },
-                prefix=prefix,
-            )
-
         # Validation and test use TorchMetrics (synced across processes); training statistics
         # are epoch averages of what training_step returns (callbacks.EpochStatistics).
-        self.val_metrics = metrics("val/")
-        self.test_metrics = metrics("test/")
+        metrics = MetricCollection(
+            {
+                "acc": MulticlassAccuracy(num_classes, average="micro"),
+                "f1": MulticlassF1Score(num_classes, average="macro"),
+                "acc_balanced": MulticlassAccuracy(num_classes, average="macro"),
+            }
+        )
+        self.val_metrics = metrics.clone(prefix="val/")
+        self.test_metrics = metrics.clone(prefix="test/")
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.test_confusion = MulticlassConfusionMatrix(num_classes)  # for plots/, after test
         self.test_confusion_matrix: torch.Tensor | None = None
@@ -157,8 +147,7 @@ class ClassificationModule(L.LightningModule):
         self.val_acc_best.persistent(True)  # part of the checkpoint, so a resumed run keeps it
 
     def configure_callbacks(self) -> list[L.Callback]:
-        # train/loss, train/acc: what training_step returns, averaged over each epoch. (Once:
-        # Lightning would otherwise say at every later run of its Trainer that it replaces it.)
+        # train/loss, train/acc. Once per Trainer: Lightning would say it replaces the first.
         trainer = self._trainer
         if trainer is not None and any(isinstance(c, EpochStatistics) for c in trainer.callbacks):
             return []
@@ -191,9 +180,8 @@ class ClassificationModule(L.LightningModule):
     def step_statistics(
         self, logits: torch.Tensor, y: torch.Tensor, loss: torch.Tensor
     ) -> dict[str, torch.Tensor]:
-        """What a training step yields: the `loss` to minimize and the batch's statistics, each
-        averaged over the epoch and logged as `train/<name>` (`callbacks.EpochStatistics`: one
-        log call an epoch, not one a step). Add a training statistic here."""
+        """The `loss` to minimize and the batch's statistics, each averaged over the epoch and
+        logged as `train/<name>` by `callbacks.EpochStatistics`. Add a training statistic here."""
         return {"loss": loss, "acc": (logits.argmax(dim=1) == y).float().mean()}
 
     def validation_step(self, batch, batch_idx: int) -> None:
@@ -206,19 +194,17 @@ class ClassificationModule(L.LightningModule):
 
     def update_metrics(self, stage: str, logits: torch.Tensor, y: torch.Tensor) -> None:
         """Count a batch's logits into the `stage` ("val" or "test") metrics."""
-        metrics, loss = (
-            (self.val_metrics, self.val_loss)
-            if stage == "val"
-            else (self.test_metrics, self.test_loss)
-        )
-        loss.update(F.cross_entropy(logits, y), weight=len(y))
-        metrics.update(logits, y)
-        if stage == "test":
+        loss = F.cross_entropy(logits, y)
+        if stage == "val":
+            self.val_loss.update(loss, weight=len(y))
+            self.val_metrics.update(logits, y)
+        else:
+            self.test_loss.update(loss, weight=len(y))
+            self.test_metrics.update(logits, y)
             self.test_confusion.update(logits, y)
 
     def _log_evaluation(self, metrics: MetricCollection, loss: MeanMetric, prefix: str) -> dict:
-        # Logged once per epoch rather than every step (each `self.log` costs ~0.25 ms on a CPU).
-        # `compute()` syncs the metric states across processes itself.
+        # Once an epoch (each `self.log` costs ~0.25 ms on a CPU); `compute()` syncs processes.
         values = {**metrics.compute(), f"{prefix}/loss": loss.compute()}
         metrics.reset()
         loss.reset()
@@ -227,8 +213,7 @@ class ClassificationModule(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         values = self._log_evaluation(self.val_metrics, self.val_loss, "val")
-        # The sanity check runs on untrained weights: not a best. (No reset at train start
-        # either: a resumed run keeps the best of the run it continues.)
+        # Not the sanity check's untrained weights. Never reset: a resumed run keeps its best.
         if not self.trainer.sanity_checking:
             self.val_acc_best.update(values["val/acc"])
             self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True)
