@@ -54,6 +54,7 @@ MD_START = re.compile(rf"<!--\s*feature:\s*({NAME})\s*-->")
 MD_END = re.compile(r"<!--\s*/feature\s*-->")
 MD_LINK = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+SHELL = {"bash", "sh", "shell", "console", "zsh"}  # code blocks whose commands may go
 BULLET_ONLY = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s*$")
 HEADER = re.compile(r"^\[\[?\s*([^\]\s]+)\s*\]\]?\s*(?:#.*)?$")
 KEY = re.compile(r"^([A-Za-z0-9_\-]+|\"[^\"]+\")\s*=")
@@ -453,19 +454,20 @@ def lean_markdown(
     i = 0
     while i < len(lines):
         line = lines[i]
-        if in_fence[i] and FENCE.match(line):  # a fenced block: drop the commands that use
-            end = i + 1  # a dropped feature, a command with its continuation lines
+        if in_fence[i] and FENCE.match(line):  # a fenced block: in shell ones, drop the commands
+            end = i + 1  # that use a dropped feature, a command with its continuation lines
             while end < len(lines) and not (in_fence[end] and FENCE.match(lines[end])):
                 end += 1
             body, kept, group = lines[i + 1 : end], [], []
-            for body_line in body:
+            shell = line.strip().lstrip("`~").strip().split(" ")[0] in SHELL
+            for body_line in body if shell else []:
                 group.append(body_line)
                 if body_line.rstrip("\n").endswith("\\"):
                     continue
                 if not (mentions and any(mentions.search(g) for g in group)):
                     kept += group
                 group = []
-            kept += group
+            kept += group if shell else body
             while kept and not kept[0].strip():
                 kept.pop(0)
             while kept and not kept[-1].strip():
@@ -502,7 +504,8 @@ def lean_markdown(
             continue
         result.append(lines[i])
         i += 1
-    return "".join(result)
+    text = "".join(result)
+    return text.rstrip("\n") + "\n" if text.strip() else text  # no blank lines at the end
 
 
 def dangling_links(text: str, path: str, is_gone) -> list[str]:
