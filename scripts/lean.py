@@ -54,6 +54,8 @@ MD_START = re.compile(rf"<!--\s*feature:\s*({NAME})\s*-->")
 MD_END = re.compile(r"<!--\s*/feature\s*-->")
 MD_LINK = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+# What an import-linter contract is about: one of these emptied, it has nothing left to check
+SUBJECTS = {"layers", "modules", "source_modules", "forbidden_modules", "importer", "imported"}
 SHELL = {"bash", "sh", "shell", "console", "zsh"}  # code blocks whose commands may go
 BULLET_ONLY = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s*$")
 HEADER = re.compile(r"^\[\[?\s*([^\]\s]+)\s*\]\]?\s*(?:#.*)?$")
@@ -308,13 +310,28 @@ def lean_pyproject(text: str, features: dict[str, Feature], dropped: set[str]) -
         extras = [e.strip() for e in match.group(1).split(",") if e.strip() not in gone_extras]
         return f"{PACKAGE}[{','.join(extras)}]{match.group(2)}" if extras else None
 
-    def without_gone_modules(item: str) -> str | None:
-        if gone_modules is None or not gone_modules.search(item):
-            return item
-        if "|" in item and "->" not in item:  # a layer of siblings: "a | b"
-            parts = [p.strip() for p in item.split("|") if not gone_modules.search(p)]
-            return " | ".join(parts) if parts else None
-        return None
+    def gone_module(name: str, containers: list[str]) -> bool:
+        """A dropped module, named absolutely or, in a contract with containers, relative to
+        one of them (layers)."""
+        names = [name.strip().strip("()").strip()]
+        names += [f"{c}.{names[0]}" for c in containers]
+        return any(gone_modules.fullmatch(n) or gone_modules.match(n + ".") for n in names)
+
+    def without_gone_modules(containers: list[str]):
+        def keep(item: str) -> str | None:
+            if gone_modules is None:
+                return item
+            if "->" in item:  # ignore_imports: "a -> b"
+                return None if any(gone_module(m, []) for m in item.split("->")) else item
+            separator = "|" if "|" in item else ":" if ":" in item else None
+            if separator is None:  # a module
+                return None if gone_module(item, containers) else item
+            # a layer of siblings: "a | b" (independent) or "a : b"
+            parts = [p.strip() for p in item.split(separator)]
+            kept = [p for p in parts if not gone_module(p, containers)]
+            return f" {separator} ".join(kept) if kept else None
+
+        return keep
 
     out = []
     for name, block in _blocks(text.splitlines(keepends=True)):
@@ -331,11 +348,18 @@ def lean_pyproject(text: str, features: dict[str, Feature], dropped: set[str]) -
                 new += comments + entry
             block = new
         elif name and name.startswith("tool.importlinter"):
-            new, pointless = [], False
-            for key, comments, entry in _entries(block):
-                if key is not None:
-                    entry, before, after = _filter_strings(entry, without_gone_modules)
-                    if before and (after == 0 or (key in ("modules", "layers") and after < 2)):
+            new, entries = [], _entries(block)
+            containers = next((_value(e) for k, _, e in entries if k == "containers"), [])
+            keep = without_gone_modules(containers)
+            pointless = gone_modules is not None and any(gone_module(c, []) for c in containers)
+            for key, comments, entry in entries:
+                if key is not None and key != "containers":
+                    entry, before, after = _filter_strings(entry, keep)
+                    if (
+                        key in SUBJECTS
+                        and before
+                        and (after == 0 or key == "modules" and after < 2)
+                    ):
                         pointless = True  # a contract left with nothing to check
                 new += comments + entry
             if pointless and name == "tool.importlinter.contracts":

@@ -1,6 +1,7 @@
 """`scripts/lean.py`: a copy of the repository without the features not kept (docs/development.md,
 "A lean fork")."""
 
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -236,6 +237,110 @@ def test_a_failure_leaves_nothing_behind(tmp_path):
     assert result.returncode == 1
     assert "README.md:" in result.stderr and "is never closed" in result.stderr
     assert list(out.iterdir()) == []
+
+
+# As in pyproject.toml's import-linter contracts (layers relative to a container, siblings split
+# by | or :), plus the other kinds of contract and entry a fork may add.
+IMPORT_CONTRACTS = """
+[tool.importlinter]
+root_packages = ["litforge", "hydra_plugins"]
+
+[[tool.importlinter.contracts]]
+name = "Feature folders import the core; the core imports none of them"
+type = "layers"
+containers = ["litforge"]
+layers = [
+    "model_parallel | parameter_server | elastic | deploy | streaming",
+    "pipeline : strategies : callbacks : models : data : errors",
+]
+exhaustive = true
+
+[[tool.importlinter.contracts]]
+name = "The core imports no Hydra plugin"
+type = "forbidden"
+source_modules = ["litforge"]
+forbidden_modules = ["hydra_plugins"]
+
+[[tool.importlinter.contracts]]
+name = "Features are independent"
+type = "independence"
+modules = ["litforge.model_parallel", "litforge.parameter_server", "litforge.deploy"]
+ignore_imports = ["litforge.deploy.serve -> litforge.model_parallel.stages"]
+
+[[tool.importlinter.contracts]]
+name = "deploy's layers"
+type = "layers"
+containers = ["litforge.deploy"]
+layers = ["serve", "inference"]
+"""
+
+
+def lean_module():
+    spec = importlib.util.spec_from_file_location("lean", ROOT / "scripts" / "lean.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["lean"] = module  # for its dataclass
+    spec.loader.exec_module(module)
+    return module
+
+
+LAYERS = "Feature folders import the core; the core imports none of them"
+CORE_LAYER = "pipeline : strategies : callbacks : models : data : errors"
+KEPT_CONTRACTS = {  # features kept: (root_packages, {contract: its list of modules})
+    (): (["litforge"], {LAYERS: [CORE_LAYER]}),
+    ("deploy", "model_parallel"): (
+        ["litforge"],
+        {
+            LAYERS: ["model_parallel | deploy", CORE_LAYER],
+            "Features are independent": ["litforge.model_parallel", "litforge.deploy"],
+            "deploy's layers": ["serve", "inference"],
+        },
+    ),
+    ("deploy", "parameter_server"): (
+        ["litforge"],
+        {
+            LAYERS: ["parameter_server | deploy", CORE_LAYER],
+            "Features are independent": ["litforge.parameter_server", "litforge.deploy"],
+            "deploy's layers": ["serve", "inference"],
+        },
+    ),
+    ("sweeps",): (
+        ["litforge", "hydra_plugins"],
+        {LAYERS: [CORE_LAYER], "The core imports no Hydra plugin": ["hydra_plugins"]},
+    ),
+}
+
+
+@pytest.mark.parametrize("kept", KEPT_CONTRACTS)
+def test_import_contracts_lose_the_features_left_out(kept):
+    lean = lean_module()
+    text = (ROOT / "pyproject.toml").read_text().split("\n[tool.importlinter]")[0]
+    text = text.split("\n[[tool.importlinter")[0] + IMPORT_CONTRACTS
+    features = lean.read_features(tomllib.loads(text), _tracked())
+    out = tomllib.loads(lean.lean_pyproject(text, features, set(features) - set(kept)))
+    linter = out["tool"]["importlinter"]
+    found = {}
+    for contract in linter.get("contracts", []):
+        lists = [contract[k] for k in ("layers", "forbidden_modules", "modules") if k in contract]
+        found[contract["name"]] = lists[0]
+        if contract["name"] == "Features are independent":  # an ignore goes with its module
+            ignored = ["litforge.deploy.serve -> litforge.model_parallel.stages"]
+            assert contract["ignore_imports"] == (ignored if "model_parallel" in kept else [])
+    assert (linter["root_packages"], found) == KEPT_CONTRACTS[kept]
+
+
+@pytest.mark.skipif(
+    "importlinter" not in PYPROJECT.get("tool", {}) or not shutil.which("lint-imports"),
+    reason="no import-linter contracts in pyproject.toml, or lint-imports not installed",
+)
+def test_the_core_copy_keeps_its_import_contracts(core):
+    result = subprocess.run(
+        ["lint-imports"],
+        cwd=core.tree,
+        env={**__import__("os").environ, "PYTHONPATH": "src"},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.slow
