@@ -660,6 +660,9 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.lean-", dir=dest.parent))
         try:
             done = build(ROOT, work, keep)
+            umask = os.umask(0)
+            os.umask(umask)
+            work.chmod(0o777 & ~umask)  # as a folder made by mkdir (mkdtemp's is private)
             if dest.exists():
                 dest.rmdir()  # empty, checked above
             os.replace(work, dest)

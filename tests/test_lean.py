@@ -212,6 +212,14 @@ def test_a_folder_in_the_way_is_refused_in_one_line(tmp_path):
     assert [p.name for p in (tmp_path / "taken").iterdir()] == ["notes.txt"]
 
 
+def test_an_empty_folder_is_filled(tmp_path):
+    (tmp_path / "copy").mkdir()
+    result = lean(tmp_path / "copy", "--keep", "sweeps")
+    assert_only_kept(tmp_path / "copy", {"sweeps"}, result)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]  # no temporary folder left
+    assert (tmp_path / "copy").stat().st_mode & 0o755 == 0o755  # not mkdtemp's private mode
+
+
 def test_an_unknown_feature_is_refused(tmp_path):
     result = lean(tmp_path / "copy", "--keep", "model_paralel")
     assert result.returncode == 1
