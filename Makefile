@@ -5,7 +5,7 @@ DATASET ?= fashion_mnist
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install data train test test-fast lint bench bench-data bench-inference bench-pipeline bench-ps bench-recovery clean
+.PHONY: help install data train test test-fast lint bench bench-data bench-inference bench-pipeline bench-ps bench-recovery lean clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -35,7 +35,7 @@ lint: .installed  ## ruff and file hygiene through pre-commit
 bench: data  ## s/epoch on 3 workloads and the fixed cost: the template against plain PyTorch
 	$(PYTHON) benchmarks/epoch_time.py
 
-bench-data: data  ## images per second from files: torchvision vs data=image_folder vs data=streaming
+bench-data: data  ## images per second from image files to batches: torchvision vs the datamodules
 	$(PYTHON) benchmarks/data_loading.py
 
 bench-inference: data  ## CPU latency/throughput: eager, compiled, pt2, onnxruntime; serve.py req/s
@@ -49,6 +49,10 @@ bench-ps: data  ## samples/s of DDP and parameter servers (sync, async) with and
 
 bench-recovery: data  ## torchrun: seconds from a killed or hung worker to the resumed job's first step
 	$(PYTHON) benchmarks/recovery.py
+
+lean:  ## a copy without the features not kept: make lean DEST=../myproject [KEEP="sweeps deploy"]
+	@test -n "$(DEST)" || { echo 'usage: make lean DEST=../myproject [KEEP="sweeps deploy"]'; exit 2; }
+	$(PYTHON) scripts/lean.py "$(DEST)" $(foreach feature,$(KEEP),--keep $(feature))
 
 clean:  ## remove run outputs (logs/) and caches; keeps data/
 	rm -rf logs outputs multirun .pytest_cache .ruff_cache

@@ -20,7 +20,9 @@ pass warms up (worker start, caches); the median of `--passes` more is reported.
     python benchmarks/data_loading.py                  # both workloads, 0 and 2 workers
     python benchmarks/data_loading.py --workers 4 --jpegs 5000
 
-Made files are kept in `--data-dir` (default data/benchmarks) for the next run.
+Made files are kept in `--data-dir` (default data/benchmarks) for the next run. Without
+`litforge.streaming` (a lean copy without the streaming feature, or without litdata), (c) and (d)
+are skipped, saying so.
 """
 
 from __future__ import annotations
@@ -58,8 +60,8 @@ def write_jpegs(root: Path, n: int, size: int = 224, classes: int = 10) -> Path:
     return root
 
 
-def run(command: list[str]) -> None:
-    result = subprocess.run([sys.executable, "-m", "litforge.data", *command])
+def run(command: list[str], module: str = "litforge.data") -> None:
+    result = subprocess.run([sys.executable, "-m", module, *command])
     if result.returncode != 0:
         sys.exit(result.returncode)
 
@@ -75,7 +77,7 @@ def shards_of(folder: Path, store: str) -> Path:
     shards = folder.with_name(f"{folder.name}_shards" + ("" if store == "files" else f"_{store}"))
     if not (shards / "litforge.json").is_file():
         split = ["--val-fraction", "0", "--test-fraction", "0"]
-        run(["optimize", str(folder), str(shards), *split, "--store", store])
+        run(["optimize", str(folder), str(shards), *split, "--store", store], "litforge.streaming")
     return shards
 
 
@@ -123,7 +125,11 @@ def main() -> None:
     torch.set_num_threads(os.cpu_count() or 1)
 
     from litforge.data.image_folder import ImageFolderDataModule
-    from litforge.streaming.datamodule import StreamingDataModule
+
+    try:
+        from litforge.streaming.datamodule import StreamingDataModule
+    except ImportError as error:  # the streaming feature left out, or litdata not installed
+        StreamingDataModule, no_streaming = None, error
 
     args.data_dir.mkdir(parents=True, exist_ok=True)
     workloads = [
@@ -143,19 +149,24 @@ def main() -> None:
         "(c) data=streaming | (d) streaming pixels | b / a | c / b | d / b |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
+    if StreamingDataModule is None:
+        print(f"# (c), (d) skipped: no streaming here ({no_streaming})", flush=True)
     for name, folder, size in workloads:
-        shards, pixels = shards_of(folder, "files"), shards_of(folder, "pixels")
+        if StreamingDataModule is not None:
+            shards, pixels = shards_of(folder, "files"), shards_of(folder, "pixels")
         for workers in args.workers:
             settings = {"batch_size": BATCH, "num_workers": workers}
             image_folder = ImageFolderDataModule(
                 root=str(folder), val_fraction=0, test_fraction=0, **settings
             )
-            streaming = StreamingDataModule(input_dir=str(shards), **settings)
-            streaming_pixels = StreamingDataModule(input_dir=str(pixels), **settings)
             image_folder.inspect()
             rate_b = images_per_second(*datamodule_batches(image_folder), args.passes)
-            rate_c = images_per_second(*datamodule_batches(streaming), args.passes)
-            rate_d = images_per_second(*datamodule_batches(streaming_pixels), args.passes)
+            rate_c = rate_d = None
+            if StreamingDataModule is not None:
+                streaming = StreamingDataModule(input_dir=str(shards), **settings)
+                streaming_pixels = StreamingDataModule(input_dir=str(pixels), **settings)
+                rate_c = images_per_second(*datamodule_batches(streaming), args.passes)
+                rate_d = images_per_second(*datamodule_batches(streaming_pixels), args.passes)
             rate_a = images_per_second(
                 *torchvision_batches(
                     folder,
@@ -167,10 +178,11 @@ def main() -> None:
                 ),
                 args.passes,
             )
+            c, d = (f"{r:,.0f}/s" if r else "skipped" for r in (rate_c, rate_d))
+            c_b, d_b = (f"{r / rate_b:.2f}" if r else "–" for r in (rate_c, rate_d))
             print(
-                f"| {name} | {workers} | {rate_a:,.0f}/s | {rate_b:,.0f}/s | {rate_c:,.0f}/s "
-                f"| {rate_d:,.0f}/s | {rate_b / rate_a:.2f} | {rate_c / rate_b:.2f} "
-                f"| {rate_d / rate_b:.2f} |",
+                f"| {name} | {workers} | {rate_a:,.0f}/s | {rate_b:,.0f}/s | {c} | {d} "
+                f"| {rate_b / rate_a:.2f} | {c_b} | {d_b} |",
                 flush=True,
             )
 

@@ -1,0 +1,365 @@
+"""`scripts/lean.py`: a copy of the repository without the features not kept (docs/development.md,
+"A lean fork")."""
+
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from helpers import ROOT, run_script, tiny_run_args, write_idx_dataset
+
+tomllib = pytest.importorskip("tomllib", reason="tomllib is in Python 3.11 and later")
+
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+FEATURES = PYPROJECT.get("tool", {}).get("litforge", {}).get("features", {})
+EXTRAS = PYPROJECT["project"].get("optional-dependencies", {})
+
+
+def _tracked() -> list[str]:
+    if not (ROOT / ".git").exists():
+        return []
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    return listed.stdout.split()
+
+
+pytestmark = pytest.mark.skipif(
+    not FEATURES or not _tracked(),
+    reason="needs a git checkout whose pyproject.toml lists features (a lean copy without any "
+    "has none to leave out)",
+)
+
+
+def lean(dest: Path, *args: str, root: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(root / "scripts" / "lean.py"), str(dest), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def feature_paths(name: str) -> list[str]:
+    return FEATURES[name]["paths"]
+
+
+def extras_named(requirements: list[str]) -> set[str]:
+    """The extras that `litforge[...]` requirements (the dev extra's) name."""
+    named = set()
+    for requirement in requirements:
+        if match := re.match(r"litforge\[([^\]]*)\]", requirement):
+            named.update(e.strip() for e in match.group(1).split(","))
+    return named
+
+
+def _outside_fences(text: str) -> list[str]:
+    """Markdown lines, those of fenced code blocks blanked out."""
+    lines, fence = [], None
+    for line in text.splitlines():
+        match = re.match(r"^ {0,3}(`{3,}|~{3,})", line)
+        if fence is None and match:
+            fence = match.group(1)
+        elif fence is not None and match and match.group(1).startswith(fence):
+            fence = None
+        elif fence is None:
+            lines.append(line)
+            continue
+        lines.append("")
+    return lines
+
+
+def anchors(markdown: Path) -> set[str]:
+    """GitHub's ids for the headings of a Markdown file."""
+    found, seen = set(), {}
+    for line in _outside_fences(markdown.read_text()):
+        if match := re.match(r"^#{1,6}\s+(.*?)\s*$", line):
+            slug = re.sub(r"[^\w\- ]", "", match.group(1).lower()).replace(" ", "-")
+            found.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+            seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def broken_links(tree: Path) -> list[str]:
+    """Relative links in the tree's Markdown whose file or heading is not there."""
+    broken = []
+    for markdown in sorted(tree.rglob("*.md")):
+        for number, line in enumerate(_outside_fences(markdown.read_text()), 1):
+            line = re.sub(r"(`+)(?:(?!\1).)+?\1", "", line)  # not in inline code
+            for target in re.findall(r"\]\(\s*<?([^)\s>]+)>?", line):
+                if "://" in target or target.startswith("mailto:"):
+                    continue
+                path, _, anchor = target.partition("#")
+                linked = (markdown.parent / path).resolve() if path else markdown
+                where = f"{markdown.relative_to(tree)}:{number}: {target}"
+                if not linked.exists():
+                    broken.append(where)
+                elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+                    broken.append(where + " (no such heading)")
+    return broken
+
+
+def assert_only_kept(tree: Path, kept: set[str], result: subprocess.CompletedProcess) -> None:
+    """What every lean copy must be: the kept features whole, no trace of the others."""
+    assert result.returncode == 0, result.stderr
+    assert "warning" not in result.stderr, result.stderr
+    for name in FEATURES:
+        for path in feature_paths(name):
+            assert (tree / path).exists() == (name in kept), (name, path)
+    for name in set(FEATURES) - kept:
+        assert f"dropped: {name}" in result.stdout
+
+    pyproject = tomllib.loads((tree / "pyproject.toml").read_text())
+    assert set(pyproject["tool"].get("litforge", {}).get("features", {})) == kept
+    gone_extras = {e for name in set(FEATURES) - kept for e in FEATURES[name]["extras"]}
+    extras = pyproject["project"]["optional-dependencies"]
+    assert set(extras) == set(EXTRAS) - gone_extras
+    assert not extras_named(extras["dev"]) & gone_extras
+    assert extras_named(extras["dev"]) == extras_named(EXTRAS["dev"]) - gone_extras
+
+    assert broken_links(tree) == []
+    gone_pages = [Path(p).name for n in set(FEATURES) - kept for p in feature_paths(n)]
+    gone_pages = [page for page in gone_pages if page.endswith(".md")]
+    text_files = [p for p in tree.rglob("*") if p.is_file() and p.suffix in (".md", ".yaml", "")]
+    for path in text_files:
+        text = path.read_text(errors="ignore")
+        if path.suffix == ".md":
+            mentioned = [page for page in gone_pages if page in text]
+            assert not mentioned, f"{path.relative_to(tree)} mentions {mentioned}"
+        name = r"([a-z_][a-z0-9_]*)\b"
+        marker = (r"<!--\s*feature:\s*" if path.suffix == ".md" else r"#\s*feature:\s*") + name
+        markers = re.findall(marker, text)
+        assert set(markers) <= kept, f"{path.relative_to(tree)}: markers of {set(markers) - kept}"
+
+
+@pytest.fixture(scope="module")
+def core(tmp_path_factory):
+    """The copy without any feature."""
+    tree = tmp_path_factory.mktemp("lean") / "core"
+    return SimpleNamespace(tree=tree, result=lean(tree))
+
+
+def test_the_core_copy_has_no_feature(core):
+    assert_only_kept(core.tree, set(), core.result)
+    assert (core.tree / "src" / "litforge" / "pipeline.py").is_file()
+    assert (core.tree / "scripts" / "lean.py").is_file()
+    assert not (core.tree / "src" / "hydra_plugins").exists()
+    makefile = (core.tree / "Makefile").read_text()
+    assert "bench-pipeline" not in makefile and "benchmarks/inference.py" not in makefile
+    assert "bench-data" in makefile and "\ntest-fast:" in makefile
+    config = (core.tree / "conf" / "train.yaml").read_text()
+    assert "optional sweeps" not in config and "hparams_search" not in config
+    assert "restarts" not in (core.tree / "conf" / "callbacks" / "default.yaml").read_text()
+
+
+def test_the_copy_imports_its_own_src(core):
+    """With the copy's src/ first on the path, its litforge is imported (the installed one may
+    have every feature): what the training test and CI rely on."""
+    code = "import importlib.util, litforge; print(litforge.__file__)\n"
+    code += "print(importlib.util.find_spec('litforge.model_parallel'))"
+    found = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"PYTHONPATH": str(core.tree / "src"), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert found.stdout.split("\n")[:2] == [str(core.tree / "src/litforge/__init__.py"), "None"]
+
+
+def test_the_summary_says_what_was_done(core):
+    out = core.result.stdout
+    assert re.search(r"files: +\d+ written \(\d+ of them edited\), \d+ left out", out), out
+    lines = int(re.search(r"Python: +([\d,]+) lines in src/", out).group(1).replace(",", ""))
+    assert lines == sum(len(p.read_bytes().splitlines()) for p in (core.tree / "src").rglob("*.py"))
+
+
+@pytest.mark.parametrize("name", sorted(FEATURES))
+def test_each_feature_kept_alone(tmp_path, name):
+    """Its files whole, the others gone, and no broken link: its passages are marked right."""
+    result = lean(tmp_path / "copy", "--keep", name)
+    assert_only_kept(tmp_path / "copy", {name}, result)
+
+
+def test_keep_model_parallel_keeps_exactly_it(tmp_path):
+    tree = tmp_path / "copy"
+    result = lean(tree, "--keep", "model_parallel")
+    assert_only_kept(tree, {"model_parallel"}, result)
+    assert "kept:    model_parallel" in result.stdout
+    assert "bench-pipeline" in (tree / "Makefile").read_text()
+    assert "docs/model_parallel.md" in (tree / "README.md").read_text()
+    assert "strategy=model_parallel" in (tree / "docs" / "strategies.md").read_text()
+    assert "parameter_server" not in (tree / "docs" / "strategies.md").read_text()
+
+
+def test_every_feature_kept_is_the_repository(tmp_path):
+    tree = tmp_path / "copy"
+    result = lean(tree, *[arg for name in FEATURES for arg in ("--keep", name)])
+    assert_only_kept(tree, set(FEATURES), result)
+    for name in ["README.md", "pyproject.toml", "Makefile", "docs/strategies.md"]:
+        assert (tree / name).read_text() == (ROOT / name).read_text(), name
+
+
+def test_a_folder_in_the_way_is_refused_in_one_line(tmp_path):
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    result = lean(tmp_path / "taken")
+    assert result.returncode == 1
+    assert result.stderr.strip().count("\n") == 0
+    assert "exists and is not an empty folder" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+    assert [p.name for p in (tmp_path / "taken").iterdir()] == ["notes.txt"]
+
+
+def test_an_empty_folder_is_filled(tmp_path):
+    (tmp_path / "copy").mkdir()
+    result = lean(tmp_path / "copy", "--keep", "sweeps")
+    assert_only_kept(tmp_path / "copy", {"sweeps"}, result)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]  # no temporary folder left
+    assert (tmp_path / "copy").stat().st_mode & 0o755 == 0o755  # not mkdtemp's private mode
+
+
+def test_an_unknown_feature_is_refused(tmp_path):
+    result = lean(tmp_path / "copy", "--keep", "model_paralel")
+    assert result.returncode == 1
+    assert "no feature model_paralel: the features are model_parallel" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failure_leaves_nothing_behind(tmp_path):
+    """An unclosed marker stops the copy half-way: neither DEST nor its temporary folder stays."""
+    repo = tmp_path / "repo"
+    for name in _tracked():
+        if (ROOT / name).is_file():
+            (repo / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, repo / name)
+    readme = repo / "README.md"
+    readme.write_text(readme.read_text() + "\n<!-- feature: sweeps -->\nnever closed\n")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+
+    out = tmp_path / "out"
+    out.mkdir()
+    result = lean(out / "copy", root=repo)
+    assert result.returncode == 1
+    assert "README.md:" in result.stderr and "is never closed" in result.stderr
+    assert list(out.iterdir()) == []
+
+
+# As in pyproject.toml's import-linter contracts (layers relative to a container, siblings split
+# by | or :), plus the other kinds of contract and entry a fork may add.
+IMPORT_CONTRACTS = """
+[tool.importlinter]
+root_packages = ["litforge", "hydra_plugins"]
+
+[[tool.importlinter.contracts]]
+name = "Feature folders import the core; the core imports none of them"
+type = "layers"
+containers = ["litforge"]
+layers = [
+    "model_parallel | parameter_server | elastic | deploy | streaming",
+    "pipeline : strategies : callbacks : models : data : errors",
+]
+exhaustive = true
+
+[[tool.importlinter.contracts]]
+name = "The core imports no Hydra plugin"
+type = "forbidden"
+source_modules = ["litforge"]
+forbidden_modules = ["hydra_plugins"]
+
+[[tool.importlinter.contracts]]
+name = "Features are independent"
+type = "independence"
+modules = ["litforge.model_parallel", "litforge.parameter_server", "litforge.deploy"]
+ignore_imports = ["litforge.deploy.serve -> litforge.model_parallel.stages"]
+
+[[tool.importlinter.contracts]]
+name = "deploy's layers"
+type = "layers"
+containers = ["litforge.deploy"]
+layers = ["serve", "inference"]
+"""
+
+
+def lean_module():
+    spec = importlib.util.spec_from_file_location("lean", ROOT / "scripts" / "lean.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["lean"] = module  # for its dataclass
+    spec.loader.exec_module(module)
+    return module
+
+
+LAYERS = "Feature folders import the core; the core imports none of them"
+CORE_LAYER = "pipeline : strategies : callbacks : models : data : errors"
+KEPT_CONTRACTS = {  # features kept: (root_packages, {contract: its list of modules})
+    (): (["litforge"], {LAYERS: [CORE_LAYER]}),
+    ("deploy", "model_parallel"): (
+        ["litforge"],
+        {
+            LAYERS: ["model_parallel | deploy", CORE_LAYER],
+            "Features are independent": ["litforge.model_parallel", "litforge.deploy"],
+            "deploy's layers": ["serve", "inference"],
+        },
+    ),
+    ("deploy", "parameter_server"): (
+        ["litforge"],
+        {
+            LAYERS: ["parameter_server | deploy", CORE_LAYER],
+            "Features are independent": ["litforge.parameter_server", "litforge.deploy"],
+            "deploy's layers": ["serve", "inference"],
+        },
+    ),
+    ("sweeps",): (
+        ["litforge", "hydra_plugins"],
+        {LAYERS: [CORE_LAYER], "The core imports no Hydra plugin": ["hydra_plugins"]},
+    ),
+}
+
+
+@pytest.mark.parametrize("kept", KEPT_CONTRACTS)
+def test_import_contracts_lose_the_features_left_out(kept):
+    lean = lean_module()
+    text = (ROOT / "pyproject.toml").read_text().split("\n[tool.importlinter]")[0]
+    text = text.split("\n[[tool.importlinter")[0] + IMPORT_CONTRACTS
+    features = lean.read_features(tomllib.loads(text), _tracked())
+    out = tomllib.loads(lean.lean_pyproject(text, features, set(features) - set(kept)))
+    linter = out["tool"]["importlinter"]
+    found = {}
+    for contract in linter.get("contracts", []):
+        lists = [contract[k] for k in ("layers", "forbidden_modules", "modules") if k in contract]
+        found[contract["name"]] = lists[0]
+        if contract["name"] == "Features are independent":  # an ignore goes with its module
+            ignored = ["litforge.deploy.serve -> litforge.model_parallel.stages"]
+            assert contract["ignore_imports"] == (ignored if "model_parallel" in kept else [])
+    assert (linter["root_packages"], found) == KEPT_CONTRACTS[kept]
+
+
+@pytest.mark.skipif(
+    "importlinter" not in PYPROJECT.get("tool", {}) or not shutil.which("lint-imports"),
+    reason="no import-linter contracts in pyproject.toml, or lint-imports not installed",
+)
+def test_the_core_copy_keeps_its_import_contracts(core):
+    result = subprocess.run(
+        ["lint-imports"],
+        cwd=core.tree,
+        env={**__import__("os").environ, "PYTHONPATH": "src"},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_the_core_copy_trains(core, tmp_path):
+    """`python train.py` in the copy, on the copy's own src/ (not the installed package)."""
+    data_dir = write_idx_dataset(tmp_path / "data" / "mnist", n_train=200, n_test=50).parent
+    run = run_script(
+        "train.py",
+        *tiny_run_args(data_dir, tmp_path / "run"),
+        cwd=core.tree,
+        env={"PYTHONPATH": str(core.tree / "src")},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (tmp_path / "run" / "metrics.json").is_file()
