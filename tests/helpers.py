@@ -83,12 +83,26 @@ def compose_config(
     return cfg
 
 
+def pythonpath(*folders: str | Path) -> str:
+    """PYTHONPATH for a child process: `folders` first, then this process's (a lean copy's CI
+    run sets it to the copy's src/, which its child processes must import too)."""
+    return os.pathsep.join(filter(None, [*map(str, folders), os.environ.get("PYTHONPATH")]))
+
+
+def child_env(env: dict | None) -> dict[str, str]:
+    """This process's environment with `env` added; a PYTHONPATH in `env` goes first."""
+    full_env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    full_env.update({"PYTHONUNBUFFERED": "1", **(env or {})})
+    if env and "PYTHONPATH" in env:
+        full_env["PYTHONPATH"] = pythonpath(env["PYTHONPATH"])
+    return full_env
+
+
 def run_script(
     script: str, *args: str, cwd: Path = ROOT, env: dict | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess:
     """Run `python <script> args...` as a user would; return the finished process."""
-    full_env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    full_env.update({"PYTHONUNBUFFERED": "1", **(env or {})})
+    full_env = child_env(env)
     return subprocess.run(
         [sys.executable, script, *args],
         cwd=cwd,
@@ -169,7 +183,7 @@ def run_train_killing(
     process = subprocess.Popen(
         [sys.executable, "train.py", *args],
         cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        env=child_env(env),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -201,8 +215,7 @@ def offline_env(tmp_path: Path) -> dict[str, str]:
     site = tmp_path / "offline_site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text("import no_network\n\nno_network.disable()\n")
-    path = [str(site), str(Path(__file__).parent), os.environ.get("PYTHONPATH")]
-    return {"PYTHONPATH": os.pathsep.join(filter(None, path))}
+    return {"PYTHONPATH": pythonpath(site, Path(__file__).parent)}
 
 
 def go_offline(monkeypatch) -> None:
@@ -526,7 +539,7 @@ def train_recording_samples(tmp_path: Path, *data_overrides: str) -> dict[tuple[
         "+callbacks.samples._target_=helpers.RecordSamples",
         f"+callbacks.samples.path={seen}",
         f"hydra.run.dir={tmp_path / 'run'}",
-        env={"MASTER_PORT": str(free_port()), "PYTHONPATH": str(ROOT / "tests")},
+        env={"MASTER_PORT": str(free_port()), "PYTHONPATH": pythonpath(ROOT / "tests")},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     per_rank: dict[tuple[int, int], list] = {}
@@ -683,3 +696,97 @@ LAUNCHER_VARIABLES = [
     "TORCHELASTIC_USE_AGENT_STORE",
     "GROUP_WORLD_SIZE",
 ]
+
+
+def feature_paths() -> list[str]:
+    """The paths of the feature folders (pyproject.toml's manifest, which scripts/lean.py
+    reads): folders end in "/"."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    features = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["litforge"]
+    return [path for feature in features["features"].values() for path in feature["paths"]]
+
+
+def assert_option_builds(tmp_path: Path, overrides: list[str]):
+    """The train config with `overrides` composes, resolves (Hydra's own node too) and builds
+    the datamodule, model and trainer it lists, and nothing else; returns the resolved config
+    (None where a GPU-only option is refused on this machine)."""
+    import torch
+    from hydra.utils import get_class
+    from omegaconf import OmegaConf, open_dict
+
+    from litforge.callbacks import LearningRateMonitor
+    from litforge.checkpoints import AtomicCheckpointIO
+    from litforge.errors import UserError
+    from litforge.pipeline import build_datamodule, build_model, build_trainer, start
+
+    def targets(group) -> set[type]:
+        return {get_class(entry._target_) for entry in (group or {}).values() if entry}
+
+    cfg = compose_config("train", tmp_path, overrides, keep_hydra=True)
+    # Every interpolation has a value, Hydra's run and sweep folders and sweeper included.
+    resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    # ??? is left only where the pipeline or Hydra fills it in
+    assert OmegaConf.missing_keys(resolved) <= {
+        "callbacks.log_run_config.run_config",
+        "hydra.job.id",
+        "hydra.hydra_help.hydra_help",
+    }
+    assert resolved.hydra.run.dir.startswith(str(tmp_path))
+    with open_dict(cfg):
+        del cfg["hydra"]
+    try:
+        start(cfg)
+    except UserError as err:  # GPU-only options (fsdp, trainer=gpu), refused on a CPU machine
+        assert not torch.cuda.is_available() and "GPU" in str(err)
+        return None
+    datamodule = build_datamodule(cfg)
+    model = build_model(cfg, datamodule)
+    trainer = build_trainer(cfg)
+    assert type(datamodule) is get_class(cfg.data._target_)
+    assert type(model.net) is get_class(cfg.model.net._target_)
+    expected = targets(cfg.get("callbacks"))
+    if not trainer.loggers:  # Lightning's monitor needs one (see pipeline.build_trainer)
+        expected.discard(LearningRateMonitor)
+    assert expected <= {type(cb) for cb in trainer.callbacks}
+    if not cfg.trainer.fast_dev_run:  # which replaces the loggers by a dummy
+        assert {type(lg) for lg in trainer.loggers} == targets(cfg.get("logger"))
+    assert trainer.max_epochs == cfg.trainer.max_epochs
+    assert type(trainer.strategy.checkpoint_io) is AtomicCheckpointIO
+    return resolved
+
+
+CRAFTED = {  # (hyper-parameter, value): what a crafted checkpoint asks to build
+    "nested in the network": ("net", {"dropout": {"_target_": "tempfile.mkdtemp", "dir": "{d}"}}),
+    "a network not listed": ("net", {"_target_": "pathlib.Path"}),
+    "torch.load in the network": (
+        "net",
+        {"hidden_sizes": [{"_target_": "torch.load", "f": "{d}"}]},
+    ),
+    "an interpolation": ("net", {"dropout": "${oc.decode:'{_target_: tempfile.mkdtemp}'}"}),
+    "another optimizer": ("optimizer", {"_target_": "tempfile.mkdtemp", "dir": "{d}"}),
+}
+
+
+REFUSED = r"is not allowed|has a _target_ of its own|interpolation"  # what the refusals say
+
+
+def crafted_checkpoint(checkpoint_path: Path, craft: str, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of a checkpoint whose hyper-parameters ask to build `CRAFTED[craft]`, and the
+    empty folder what it asks for would be made in."""
+    import json
+
+    import torch
+
+    made = tmp_path / "made"
+    made.mkdir()
+    checkpoint = torch.load(checkpoint_path, weights_only=True)
+    key, value = CRAFTED[craft]
+    crafted = json.loads(json.dumps(value).replace("{d}", str(made)))
+    checkpoint["hyper_parameters"][key] = {**checkpoint["hyper_parameters"][key], **crafted}
+    path = tmp_path / "crafted.ckpt"
+    torch.save(checkpoint, path)
+    return path, made

@@ -2,20 +2,19 @@
 it says; the trainer gets exactly what the config lists."""
 
 import pytest
-import torch
-from helpers import CONF, compose_config, write_image_folder
+from helpers import CONF, assert_option_builds, compose_config, feature_paths, write_image_folder
 from hydra.utils import get_class
-from omegaconf import OmegaConf, open_dict
 
-from hydra_plugins.litforge.optuna_sweeper import OptunaSweeper, _has_key
-from litforge.callbacks import LearningRateMonitor
-from litforge.checkpoints import AtomicCheckpointIO
-from litforge.errors import UserError
-from litforge.pipeline import build_datamodule, build_model, build_trainer, start
-from litforge.streaming.datamodule import optimize_folder
+from litforge.pipeline import build_datamodule, build_model, build_trainer
 
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("hydra", "local"))
-OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
+# A feature folder's options are tested with it (tests/<feature>/).
+OPTIONS = [
+    (g, p.stem)
+    for g in GROUPS
+    for p in sorted((CONF / g).glob("*.yaml"))
+    if not any(str(p.relative_to(CONF.parent)).startswith(f) for f in feature_paths())
+]
 
 
 def test_groups_are_the_documented_ones():
@@ -30,7 +29,6 @@ def test_groups_are_the_documented_ones():
         "extras",
         "debug",
         "experiment",
-        "hparams_search",
     }
 
 
@@ -38,64 +36,14 @@ def targets(group) -> set[type]:
     return {get_class(entry._target_) for entry in (group or {}).values() if entry}
 
 
-@pytest.fixture(scope="module")
-def own_data(tmp_path_factory) -> dict[str, list[str]]:
-    """What data=image_folder and data=streaming need: a folder of images, and its shards."""
-    tmp = tmp_path_factory.mktemp("own_data")
-    folder = write_image_folder(tmp / "images", {"train": {"cat": 4, "dog": 4}})
-    optimize_folder(str(folder), str(tmp / "shards"), 0, 0, num_workers=1)
-    return {
-        "image_folder": [f"data.root={folder}", "data.num_workers=0"],
-        "streaming": [f"data.input_dir={tmp / 'shards'}", "data.num_workers=0"],
-    }
-
-
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
-def test_option_composes_resolves_and_builds(tmp_path, monkeypatch, own_data, group, option):
+def test_option_composes_resolves_and_builds(tmp_path, monkeypatch, group, option):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     overrides = [f"{group}={option}"] + (["trainer.accelerator=cpu"] if group == "strategy" else [])
-    if group == "data":
-        overrides += own_data.get(option, [])
-    if (group, option) == ("strategy", "parameter_server"):
-        overrides += ["trainer.devices=3"]  # a server and 2 workers: 1 process is refused
-    cfg = compose_config("train", tmp_path, overrides, keep_hydra=True)
-    # Every interpolation has a value, Hydra's run and sweep folders and sweeper included.
-    resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    # ??? is left only where the pipeline or Hydra fills it in
-    assert OmegaConf.missing_keys(resolved) <= {
-        "callbacks.log_run_config.run_config",
-        "hydra.job.id",
-        "hydra.hydra_help.hydra_help",
-    }
-    assert resolved.hydra.run.dir.startswith(str(tmp_path))
-    sweeper = resolved.hydra.sweeper
-    if sweeper._target_.endswith("OptunaSweeper"):  # its space parses into Optuna distributions
-        arguments = {k: v for k, v in sweeper.items() if not k.startswith("_")}
-        _, space = OptunaSweeper(**arguments)._search_space([])
-        assert space and set(space) == set(sweeper.params)
-        assert all(_has_key(cfg, key) for key in space)  # a space the model it composes has
-        assert sweeper.study_name is None  # the sweeper names it after the setup
-    with open_dict(cfg):
-        del cfg["hydra"]
-
-    try:
-        start(cfg)
-    except UserError as err:  # GPU-only options (fsdp, trainer=gpu), refused on a CPU machine
-        assert not torch.cuda.is_available() and "GPU" in str(err)
-        return
-    datamodule = build_datamodule(cfg)
-    model = build_model(cfg, datamodule)
-    trainer = build_trainer(cfg)
-    assert type(datamodule) is get_class(cfg.data._target_)
-    assert type(model.net) is get_class(cfg.model.net._target_)
-    expected = targets(cfg.get("callbacks"))
-    if not trainer.loggers:  # Lightning's monitor needs one (see pipeline.build_trainer)
-        expected.discard(LearningRateMonitor)
-    assert expected <= {type(cb) for cb in trainer.callbacks}
-    if not cfg.trainer.fast_dev_run:  # which replaces the loggers by a dummy
-        assert {type(lg) for lg in trainer.loggers} == targets(cfg.get("logger"))
-    assert trainer.max_epochs == cfg.trainer.max_epochs
-    assert type(trainer.strategy.checkpoint_io) is AtomicCheckpointIO
+    if (group, option) == ("data", "image_folder"):
+        folder = write_image_folder(tmp_path / "images", {"train": {"cat": 4, "dog": 4}})
+        overrides += [f"data.root={folder}", "data.num_workers=0"]
+    assert_option_builds(tmp_path, overrides)
 
 
 @pytest.mark.parametrize("config", ["train", "eval"])

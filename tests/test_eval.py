@@ -1,11 +1,10 @@
 """`python eval.py ckpt_path=...`: test a checkpoint with the network stored in it."""
 
-import json
 import re
 
 import pytest
 import torch
-from helpers import compose_config, write_idx_dataset
+from helpers import CRAFTED, REFUSED, compose_config, crafted_checkpoint, write_idx_dataset
 
 from litforge.errors import UserError
 from litforge.pipeline import evaluate, train
@@ -101,41 +100,19 @@ def test_a_checkpoint_without_its_class_loads_with_the_model_config(tmp_path, on
     assert "test/acc" in evaluate(compose_config("eval", tmp_path / "e", overrides))
 
 
-CRAFTED = {  # (hyper-parameter, value): what a crafted checkpoint asks to build
-    "nested in the network": ("net", {"dropout": {"_target_": "tempfile.mkdtemp", "dir": "{d}"}}),
-    "a network not listed": ("net", {"_target_": "pathlib.Path"}),
-    "torch.load in the network": (
-        "net",
-        {"hidden_sizes": [{"_target_": "torch.load", "f": "{d}"}]},
-    ),
-    "an interpolation": ("net", {"dropout": "${oc.decode:'{_target_: tempfile.mkdtemp}'}"}),
-    "another optimizer": ("optimizer", {"_target_": "tempfile.mkdtemp", "dir": "{d}"}),
-}
-
-
-@pytest.mark.parametrize("entry", ["eval.py", "predict/export/serve", "load_from_checkpoint"])
+@pytest.mark.parametrize("entry", ["eval.py", "load_from_checkpoint"])
 @pytest.mark.parametrize("craft", CRAFTED)
 def test_a_checkpoint_builds_only_listed_networks(tmp_path, one_epoch_run, craft, entry):
     """A checkpoint is data: what its configs name is checked against litforge.models'
     lists before anything is called (here: nothing made in `made/`)."""
-    from litforge.deploy.inference import load_classifier
     from litforge.models import ClassificationModule
 
     last, data_dir = one_epoch_run
-    made = tmp_path / "made"
-    made.mkdir()
-    checkpoint = torch.load(last)
-    key, value = CRAFTED[craft]
-    crafted = json.loads(json.dumps(value).replace("{d}", str(made)))
-    checkpoint["hyper_parameters"][key] = {**checkpoint["hyper_parameters"][key], **crafted}
-    path = tmp_path / "crafted.ckpt"
-    torch.save(checkpoint, path)
-    with pytest.raises(UserError, match=r"is not allowed|has a _target_ of its own|interpolation"):
+    path, made = crafted_checkpoint(last, craft, tmp_path)
+    with pytest.raises(UserError, match=REFUSED):
         if entry == "eval.py":
             overrides = ["data=mnist", f"ckpt_path={path}", f"paths.data_dir={data_dir}"]
             evaluate(compose_config("eval", tmp_path / "e", overrides))
-        elif entry == "predict/export/serve":
-            load_classifier(path)
         else:
             ClassificationModule.load_from_checkpoint(path, weights_only=True)
     assert not any(made.iterdir())

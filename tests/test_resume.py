@@ -15,6 +15,7 @@ from helpers import (
     RESUMABLE,
     ROOT,
     assert_same_run,
+    pythonpath,
     run_in_process,
     run_script,
     tiny_run_args,
@@ -66,7 +67,7 @@ def run_with_fault(data_dir, run, signal_name, stage, epoch, batch):
     return run_script(
         "train.py",
         *tiny_run_args(data_dir, run, *RESUMABLE, *fault),
-        env={"PYTHONPATH": str(ROOT / "tests")},
+        env={"PYTHONPATH": pythonpath(ROOT / "tests")},
     )
 
 

@@ -19,6 +19,7 @@ from helpers import (
     SLURM,
     assert_same_run,
     free_port,
+    pythonpath,
     tiny_run_args,
     write_idx_dataset,
 )
@@ -195,7 +196,7 @@ def test_a_requeued_slurm_job_resumes_from_its_last_checkpoint(
     job = str(free_port())
     env = {
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-        "PYTHONPATH": str(ROOT / "tests"),
+        "PYTHONPATH": pythonpath(ROOT / "tests"),
         "MASTER_PORT": str(free_port()),  # else Lightning derives it from the job id
     }
     args = tiny_run_args(

@@ -11,7 +11,14 @@ import optuna
 import pytest
 import torch
 import yaml
-from helpers import ROOT, compose_config, run_in_process, run_script, tiny_run_args
+from helpers import (
+    ROOT,
+    assert_option_builds,
+    compose_config,
+    run_in_process,
+    run_script,
+    tiny_run_args,
+)
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
@@ -23,6 +30,7 @@ from hydra_plugins.litforge.optuna_sweeper import (
     PRUNING,
     OptunaSweeper,
     _distribution,
+    _has_key,
     _override_text,
     setup_hash,
     setup_of,
@@ -366,3 +374,23 @@ def test_a_search_space_the_model_lacks_is_one_line_before_any_trial(tmp_path, c
     assert result.returncode == 1
     assert result.stderr == error
     assert not (sweep_dir / "optuna.db").exists()  # no study, no trial
+
+
+@pytest.mark.parametrize(
+    "option", sorted(p.stem for p in (ROOT / "conf" / "hparams_search").glob("*.yaml"))
+)
+def test_search_config_composes_resolves_and_builds(tmp_path, monkeypatch, option):
+    from omegaconf import OmegaConf
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    overrides = [f"hparams_search={option}", *(["model=cnn"] if option.endswith("cnn") else [])]
+    resolved = assert_option_builds(tmp_path, overrides)
+    sweeper = resolved.hydra.sweeper
+    # Its space parses into Optuna distributions, over keys the model it composes has.
+    arguments = {k: v for k, v in sweeper.items() if not k.startswith("_")}
+    _, space = OptunaSweeper(**arguments)._search_space([])
+    assert space and set(space) == set(sweeper.params)
+    cfg = compose_config("train", tmp_path, overrides)
+    assert all(_has_key(cfg, key) for key in space)
+    assert sweeper.study_name is None  # the sweeper names it after the setup
+    assert OmegaConf.select(resolved, "hydra.launcher._target_").endswith("SubprocessLauncher")

@@ -2,7 +2,7 @@
 cannot run is one line before anything starts, and a lost pipeline stage is named."""
 
 import pytest
-from helpers import assert_dead_rank_named, compose_config
+from helpers import assert_dead_rank_named, assert_option_builds, compose_config
 from hydra.utils import instantiate
 
 from litforge.errors import UserError
@@ -10,8 +10,12 @@ from litforge.model_parallel import ModelParallelStrategy
 from litforge.pipeline import prepare_run
 
 
-def test_the_config_builds_the_strategy(tmp_path):
-    strategy = instantiate(compose_config("train", tmp_path, ["strategy=model_parallel"]).strategy)
+def test_the_config_composes_resolves_and_builds(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    resolved = assert_option_builds(
+        tmp_path, ["strategy=model_parallel", "trainer.accelerator=cpu"]
+    )
+    strategy = instantiate(resolved.strategy)
     assert type(strategy) is ModelParallelStrategy
     assert strategy._timeout.total_seconds() == 30 * 60  # a dead peer does not hang forever
     assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == ("auto", 1)

@@ -3,7 +3,6 @@ gradients and pull parameters (litforge/parameter_server/strategy.py). Multi-pro
 `train.py` subprocesses with a timeout and their own port."""
 
 import json
-import os
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -13,9 +12,11 @@ import torch
 from helpers import (
     NO_FASHION_MNIST,
     ROOT,
+    assert_option_builds,
     compose_config,
     fashion_mnist_dir,
     free_port,
+    pythonpath,
     run_script,
     run_train_killing,
     tiny_run_args,
@@ -155,6 +156,21 @@ def test_settings_that_cannot_work_are_refused_before_launch(tmp_path, overrides
         prepare_run(cfg)
 
 
+def test_the_config_composes_resolves_and_builds(tmp_path, monkeypatch):
+    from hydra.utils import instantiate
+
+    from litforge.parameter_server import ParameterServerStrategy
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    # a server and 2 workers: 1 process is refused
+    overrides = ["strategy=parameter_server", "trainer.accelerator=cpu", "trainer.devices=3"]
+    resolved = assert_option_builds(tmp_path, overrides)
+    strategy = instantiate(resolved.strategy)
+    assert type(strategy) is ParameterServerStrategy
+    assert (strategy.num_servers, strategy.mode, strategy.max_staleness) == (1, "sync", 0)
+    assert strategy._timeout.total_seconds() == 30 * 60  # a dead peer does not hang forever
+
+
 def test_torchrun_restarts_are_refused(tmp_path, monkeypatch):
     # Its groups would meet in the store torchrun's agent keeps across restarts.
     cfg = compose_config("train", tmp_path, ["strategy=parameter_server", "trainer.devices=3"])
@@ -277,8 +293,7 @@ def test_a_lost_process_stops_the_job_with_its_name(tmp_path, idx_data_dir, mode
         *(fault if rank < 2 else []),
     )
     # The server, which runs no callbacks, is killed from here once all are training.
-    paths = [str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, paths))}
+    env = {"PYTHONPATH": pythonpath(ROOT / "tests")}
     status, text, children = run_train_killing(
         args, "last.ckpt (epoch 0,", 2 if rank == 2 else None, env={**env, **ps_env()}
     )
@@ -319,8 +334,7 @@ def test_async_training_goes_on_without_a_lost_worker(tmp_path):
         "+callbacks.samples._target_=helpers.RecordValidationSamples",
         f"+callbacks.samples.directory={samples}",
     )
-    paths = [str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, paths)), **ps_env()}
+    env = {"PYTHONPATH": pythonpath(ROOT / "tests"), **ps_env()}
     result = run_script("train.py", *args, env=env, timeout=300)
     text = result.stdout + result.stderr
     assert result.returncode == 0, text[-3000:]

@@ -7,6 +7,7 @@ import logging
 import pytest
 from helpers import (
     ROOT,
+    assert_option_builds,
     assert_same_run,
     compose_config,
     run_in_process,
@@ -43,6 +44,12 @@ def shards(tmp_path_factory):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Shards in" in result.stdout
     return source, tmp / "shards"
+
+
+def test_the_config_composes_resolves_and_builds(tmp_path, monkeypatch, shards):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    overrides = ["data=streaming", f"data.input_dir={shards[1]}", "data.num_workers=0"]
+    assert assert_option_builds(tmp_path, overrides) is not None
 
 
 def test_optimize_writes_the_splits_image_folder_would_use(shards):
