@@ -19,6 +19,7 @@ litdata is an optional dependency: `pip install -e ".[streaming]"`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -31,16 +32,16 @@ from pathlib import Path
 import torch
 
 from litforge.data.image_folder import (
-    OPTIMIZE_SETTINGS,
     SPLITS,
     ImageDataModule,
     ImageFolderDataModule,
     cannot_decode,
     check_image_arguments,
 )
-from litforge.data.images import SampleTransform, shard_sample
+from litforge.data.images import SampleTransform
 from litforge.data.loaders import global_seed
 from litforge.errors import UserError, number_problem
+from litforge.streaming.samples import shard_sample
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,12 @@ META_FORMAT = 1
 # epoch), or its decoded pixels at the size it was optimized for (no decoding when training: for
 # a 224×224 JPEG ~10× the bytes; the random crops can only cut into that size).
 STORES = ("files", "pixels")
+# How the image folder's messages name the settings: as this command's arguments.
+OPTIMIZE_SETTINGS = {
+    "root": "the source folder {}",
+    "on_bad_file": "--on-bad-file {}",
+    "image_size": "--image-size {}",
+}
 
 
 def import_litdata():
@@ -330,11 +337,12 @@ class StreamingDataModule(ImageDataModule):
         )
         self.log_class_counts()
 
-    def stored_shape(self) -> tuple[int, int, int] | None:
-        meta = self.meta
+    def sample_transform(self, train: bool) -> SampleTransform:
+        transform, meta = super().sample_transform(train), self.meta
         if meta.get("store", "files") != "pixels":
-            return None
-        return meta["channels"], meta["image_size"], meta["image_size"]
+            return transform
+        size = meta["image_size"]  # decoded pixels, not files
+        return dataclasses.replace(transform, stored=(meta["channels"], size, size))
 
     def setup(self, stage: str | None = None) -> None:
         self.inspect()
