@@ -120,9 +120,9 @@ def random_crop_box(
 
 @dataclass(frozen=True)
 class SampleTransform:
-    """Encoded bytes (or stored pixels) → uint8 `channels`×`size`×`size`. Training: a random crop
-    of a `crop_scale` fraction of the image (None: evaluation's fit), mirrored half the time with
-    `horizontal_flip`. Picklable, for DataLoader worker processes."""
+    """An encoded file's bytes (or decoded uint8 pixels) → uint8 `channels`×`size`×`size`.
+    Training: a random crop of a `crop_scale` fraction of the image (None: evaluation's fit),
+    mirrored half the time with `horizontal_flip`. Picklable, for DataLoader worker processes."""
 
     channels: int
     size: int
@@ -130,14 +130,10 @@ class SampleTransform:
     crop_scale: tuple[float, float] | None = None
     horizontal_flip: bool = False
     seed: int = 0
-    stored: tuple[int, int, int] | None = None  # shards of pixels (C, H, W), not files
 
-    def __call__(self, data: bytes, key: int, epoch: int) -> torch.Tensor:
+    def __call__(self, data: bytes | torch.Tensor, key: int, epoch: int) -> torch.Tensor:
         """`key`: the sample's place in the epoch (an image drawn twice gets two crops)."""
-        if self.stored is None:
-            image = decode(data, self.channels)
-        else:
-            image = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(self.stored)
+        image = data if isinstance(data, torch.Tensor) else decode(data, self.channels)
         if not self.train or (self.crop_scale is None and not self.horizontal_flip):
             return fit(image, self.size)
         from torchvision.transforms.v2 import functional as F

@@ -19,7 +19,6 @@ litdata is an optional dependency: `pip install -e ".[streaming]"`.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
@@ -246,18 +245,21 @@ def optimize_folder(
 
 def image_stream_class():
     """`StreamingDataset` that decodes and transforms each sample (defined when first needed:
-    litdata is optional)."""
+    litdata is optional). `stored`: the (C, H, W) of shards of pixels, not files."""
     litdata = import_litdata()
 
     class ImageStream(litdata.StreamingDataset):
-        def __init__(self, *args, transform: SampleTransform, **kwargs) -> None:
+        def __init__(self, *args, transform: SampleTransform, stored=None, **kwargs) -> None:
             super().__init__(*args, **kwargs)
-            self.sample_transform = transform
+            self.sample_transform, self.stored = transform, stored
 
         def __getitem__(self, index):
             sample = super().__getitem__(index)
+            image = sample["image"]
+            if self.stored is not None:
+                image = torch.frombuffer(bytearray(image), dtype=torch.uint8).view(self.stored)
             position = getattr(index, "index", index)  # a ChunkedIndex when streaming
-            image = self.sample_transform(sample["image"], int(position), self.current_epoch)
+            image = self.sample_transform(image, int(position), self.current_epoch)
             return image, sample["label"]
 
     return ImageStream
@@ -337,13 +339,6 @@ class StreamingDataModule(ImageDataModule):
         )
         self.log_class_counts()
 
-    def sample_transform(self, train: bool) -> SampleTransform:
-        transform, meta = super().sample_transform(train), self.meta
-        if meta.get("store", "files") != "pixels":
-            return transform
-        size = meta["image_size"]  # decoded pixels, not files
-        return dataclasses.replace(transform, stored=(meta["channels"], size, size))
-
     def setup(self, stage: str | None = None) -> None:
         self.inspect()
         for split, needed in (("val", stage in ("fit", "validate")), ("test", stage == "test")):
@@ -365,9 +360,11 @@ class StreamingDataModule(ImageDataModule):
             raise UserError(
                 f"{hp.input_dir} has no {split} shards: optimize a folder that has some."
             )
+        meta, size = self.meta, self.meta["image_size"]
         dataset = image_stream_class()(
             f"{hp.input_dir.rstrip('/')}/{split}",
             transform=self.sample_transform(train),
+            stored=(meta["channels"], size, size) if meta.get("store") == "pixels" else None,
             cache_dir=hp.cache_dir,
             max_cache_size=hp.max_cache_size,
             shuffle=train,
