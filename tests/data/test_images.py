@@ -11,12 +11,11 @@ from litforge.data.images import (
     BadImageError,
     SampleTransform,
     channel_stats,
-    check_decodes,
     decode,
     fit,
     normalize,
-    shard_sample,
 )
+from litforge.streaming.samples import check_decodes, shard_sample
 
 
 def encoded(array: np.ndarray, fmt: str, **kwargs) -> bytes:

@@ -72,14 +72,9 @@ def fetch(name: str, data_dir: str, system_dir: str, apt: bool) -> str:
         raise
 
 
-def folder_name(class_name: str) -> str:
-    """A class name as a folder name: path separators would make subfolders."""
-    return class_name.replace("/", "_").replace("\\", "_")
-
-
 def export_images(name: str, target: str, data_dir: str, system_dir: str, limit: int | None) -> str:
-    """Write the dataset as `target/<split>/<class>/<n>.png` (train and test, as shipped).
-    Written into `target.partial` and renamed when complete: no half-written folder."""
+    """Write the dataset as `target/<split>/<class>/<n>.png` (train and test, as shipped), into
+    `target.partial` first: no half-written folder."""
     import numpy as np
     from PIL import Image
 
@@ -92,16 +87,18 @@ def export_images(name: str, target: str, data_dir: str, system_dir: str, limit:
     files = locate(module.source, data_dir, system_dir, allow_download=True)
     partial = target_dir.with_name(target_dir.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
+    # Class names as folder names: a path separator would make subfolders.
+    folders = [c.replace("/", "_").replace("\\", "_") for c in module.class_names]
     datamodule = module(data_dir=str(files))
     for split in ("train", "test"):
         images, labels = datamodule.load_split(files, train=split == "train")
         count = len(labels) if limit is None else min(limit, len(labels))
-        for class_name in module.class_names:
-            (partial / split / folder_name(class_name)).mkdir(parents=True, exist_ok=True)
+        for folder in folders:
+            (partial / split / folder).mkdir(parents=True, exist_ok=True)
         for i in range(count):
-            folder = partial / split / folder_name(module.class_names[int(labels[i])])
             pixels = images[i].permute(1, 2, 0).squeeze(2).numpy()  # H×W or H×W×3
-            Image.fromarray(np.ascontiguousarray(pixels)).save(folder / f"{i:05d}.png")
+            image = Image.fromarray(np.ascontiguousarray(pixels))
+            image.save(partial / split / folders[int(labels[i])] / f"{i:05d}.png")
         print(f"{split}: {count} images")
     for folder in partial.glob("*/*"):
         if not any(folder.iterdir()):  # a class with no image among the first `limit`
@@ -118,21 +115,21 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("name", help="dataset, e.g. mnist or fashion_mnist")
+    common.add_argument("--data-dir", default="data", help="default: ./data")
+    common.add_argument("--system-dir", default="/usr/share/datasets")
     commands = parser.add_subparsers(dest="command", required=True)
-    fetch_parser = commands.add_parser("fetch", help="find or download a dataset")
-    fetch_parser.add_argument("name", help="dataset, e.g. mnist or fashion_mnist")
-    fetch_parser.add_argument("--data-dir", default="data", help="default: ./data")
-    fetch_parser.add_argument("--system-dir", default="/usr/share/datasets")
+    fetch_parser = commands.add_parser("fetch", parents=[common], help="find or download a dataset")
     fetch_parser.add_argument(
         "--apt", action="store_true", help="if nothing else works, install the Debian package"
     )
     export_parser = commands.add_parser(
-        "export-images", help="write a built-in dataset as an image folder (PNG files)"
+        "export-images",
+        parents=[common],
+        help="write a built-in dataset as an image folder (PNG files)",
     )
-    export_parser.add_argument("name", help="dataset, e.g. fashion_mnist")
     export_parser.add_argument("target", help="folder to create: target/<split>/<class>/<n>.png")
-    export_parser.add_argument("--data-dir", default="data", help="default: ./data")
-    export_parser.add_argument("--system-dir", default="/usr/share/datasets")
     export_parser.add_argument("--limit", type=int, help="at most this many images per split")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)

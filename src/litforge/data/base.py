@@ -1,14 +1,12 @@
-"""A LightningDataModule for image datasets that fit in memory.
+"""What every datamodule here gives the pipeline (`DataModule`), and the datamodule of image
+datasets that fit in memory (`InMemoryImageDataModule`).
 
-Subclasses say how to read their files (`load_split`) and what the data is (`source`,
-`input_shape`, `class_names`, `mean`, `std`); this class does the rest the same way for all of
-them: find or download the files once, decode them once into uint8 tensors (cached in the data
+An in-memory dataset's subclass says how to read its files (`load_split`) and what the data is
+(`source`, `input_shape`, `class_names`, `mean`, `std`); the rest is done here the same way for
+all: find or download the files once, decode them once into uint8 tensors (cached in the data
 dir), carve a seeded validation split, and serve batches with `TensorBatchLoader`: gathered from
 tensors on the training device, normalized, augmented and shuffled as whole batches, no workers.
 (For data that does not fit in memory, `image_folder.py` is the path to copy.)
-
-`model_arguments()` is what the model is built with (input shape, classes, class names, and the
-normalization, which the checkpoint keeps for `predict.py`, `export.py` and `serve.py`).
 
 `seed` (the data configs' `seed: ${seed}`, the run's) orders each epoch's samples and draws the
 augmentation; `split_seed` alone carves the validation split, which stays put while seeds vary.
@@ -17,6 +15,7 @@ augmentation; `split_seed` alone carves the validation split, which stays put wh
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -24,7 +23,7 @@ import lightning as L
 import torch
 
 from litforge.data.images import normalize
-from litforge.data.loaders import BatchAugment, EpochShuffler, SplitLoaders, TensorBatchLoader
+from litforge.data.loaders import BatchAugment, EpochShuffler, TensorBatchLoader
 from litforge.data.sources import DatasetSource, locate
 from litforge.errors import UserError, number_problem
 
@@ -34,13 +33,56 @@ CACHE_FORMAT = 1  # bump when the cached tensors change meaning
 CACHE = "decoded-uint8.pt"
 
 
-class InMemoryImageDataModule(SplitLoaders, L.LightningDataModule):
+class DataModule(L.LightningDataModule):
+    """The model is built with `model_arguments()`: the data's shape, classes and normalization
+    (which checkpoints keep for predict.py, export.py and serve.py). Subclasses know
+    `input_shape`, `class_names`, `mean` and `std` once `inspect()` has run, and serve each split
+    with `_loader(split, train)`."""
+
+    input_shape: tuple[int, int, int]  # channels, height, width
+    class_names: tuple[str, ...]
+    mean: Sequence[float]  # per channel, of the training images scaled to [0, 1]
+    std: Sequence[float]
+
+    def inspect(self) -> None:
+        """Find out the classes, image shape and statistics (once; cheap when repeated)."""
+
+    def model_arguments(self) -> dict[str, object]:
+        self.inspect()
+        return {
+            "input_shape": tuple(self.input_shape),
+            "num_classes": len(self.class_names),
+            "class_names": self.class_names,
+            "mean": list(self.mean),
+            "std": list(self.std),
+        }
+
+    def example_input(self) -> torch.Tensor:
+        """Two blank images (what TensorBoard traces the model's graph with)."""
+        self.inspect()
+        return torch.zeros(2, *self.input_shape)
+
+    def shard(self) -> dict[str, int]:
+        """`num_replicas` and `rank` of this process under DDP; empty otherwise."""
+        trainer = self.trainer
+        return (trainer.distributed_sampler_kwargs if trainer is not None else None) or {}
+
+    def _loader(self, split: str, train: bool):
+        raise NotImplementedError
+
+    def train_dataloader(self):
+        return self._loader("train", train=True)
+
+    def val_dataloader(self):
+        return self._loader("val", train=False)
+
+    def test_dataloader(self):
+        return self._loader("test", train=False)
+
+
+class InMemoryImageDataModule(DataModule):
     source: ClassVar[DatasetSource]
-    input_shape: ClassVar[tuple[int, int, int]]  # channels, height, width
-    class_names: ClassVar[tuple[str, ...]]
     num_train_images: ClassVar[int]  # the official training split's size
-    mean: ClassVar[tuple[float, ...]]  # per channel, of the training images scaled to [0, 1]
-    std: ClassVar[tuple[float, ...]]
 
     def __init__(
         self,
@@ -74,31 +116,13 @@ class InMemoryImageDataModule(SplitLoaders, L.LightningDataModule):
         self.save_hyperparameters({"name": self.source.name, **arguments})
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # uint8 images, labels
 
-    def model_arguments(self) -> dict[str, object]:
-        """What the model is built with: the data's shape, classes and normalization."""
-        return {
-            "input_shape": self.input_shape,
-            "num_classes": len(self.class_names),
-            "class_names": self.class_names,
-            "mean": list(self.mean),
-            "std": list(self.std),
-        }
-
-    def example_input(self) -> torch.Tensor:
-        """A batch of two blank images (what TensorBoard traces the model's graph with)."""
-        return torch.zeros(2, *self.input_shape)
-
-    # --- what a dataset module provides -----------------------------------------------------
-
     def load_split(self, directory: Path, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Read the train or test split from `directory`: uint8 images N×C×H×W, int64 labels N."""
         raise NotImplementedError
 
-    # --- finding, decoding, caching ---------------------------------------------------------
-
     def locate(self, allow_download: bool = False) -> Path:
-        """The directory holding the dataset's files (see `litforge.data.sources`): `data_dir`
-        when given (or an error), else the first of the usual places that has them."""
+        """The folder holding the dataset's files (`sources.py`): `data_dir` when given (or an
+        error), else the first of the usual places that has them."""
         hp = self.hparams
         download = allow_download and hp.download
         if hp.data_dir is not None:
@@ -106,17 +130,13 @@ class InMemoryImageDataModule(SplitLoaders, L.LightningDataModule):
         return locate(self.source, hp.root_dir, hp.system_dir, download)
 
     def cache_path(self, directory: Path) -> Path:
-        """Beside the files in a given folder; under root_dir otherwise (the system dir is
-        read-only)."""
+        """Beside the files in a given folder; else under root_dir (the system dir is read-only)."""
         if self.hparams.data_dir is not None:
             return directory / CACHE
         return Path(self.hparams.root_dir).expanduser() / self.source.name / CACHE
 
     def decode(self, directory: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        return {
-            "train": self.load_split(directory, train=True),
-            "test": self.load_split(directory, train=False),
-        }
+        return {s: self.load_split(directory, train=s == "train") for s in ("train", "test")}
 
     def read_cache(self, directory: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
         """The cached decoded tensors, if they were made from `directory`'s files."""
@@ -129,10 +149,7 @@ class InMemoryImageDataModule(SplitLoaders, L.LightningDataModule):
             log.warning("Ignoring unreadable cache %s (%s); decoding the files again.", path, err)
             return None
         if cached.get("format") != CACHE_FORMAT or cached.get("source") != str(directory):
-            log.info(
-                "Cache %s is from another format or source; decoding the files again.",
-                path,
-            )
+            log.info("Cache %s is from another format or source; decoding the files again.", path)
             return None
         return cached["splits"]
 
@@ -180,38 +197,17 @@ class InMemoryImageDataModule(SplitLoaders, L.LightningDataModule):
             self.splits["val"] = (images[order[:n_val]], labels[order[:n_val]])
             self.splits["train"] = (images[order[n_val:]], labels[order[n_val:]])
 
-    # --- serving batches --------------------------------------------------------------------
-
-    @property
-    def device(self) -> torch.device:
-        trainer = self.trainer
-        return trainer.strategy.root_device if trainer is not None else torch.device("cpu")
-
-    def _shard(self) -> dict[str, int]:
-        trainer = self.trainer
-        kwargs = trainer.distributed_sampler_kwargs if trainer is not None else None
-        return kwargs or {"num_replicas": 1, "rank": 0}
-
-    def _loader(self, split: str, train: bool):
-        hp = self.hparams
+    def _loader(self, split: str, train: bool) -> TensorBatchLoader:
+        hp, mean, std, trainer = self.hparams, self.mean, self.std, self.trainer
         images, labels = self.splits[split]
-        device = self.device
-        if device.type == "cpu":
-            images = self._normalize(images)  # once, instead of once per batch
-        black = [-m / s for m, s in zip(self.mean, self.std, strict=True)]
+        device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+        if device.type == "cpu":  # normalized once, instead of once per batch
+            images = self._normalize(images)
+        black = [-m / s for m, s in zip(mean, std, strict=True)]
         augment = BatchAugment(hp.crop_padding, hp.horizontal_flip, black) if train else None
-        sampler = EpochShuffler(
-            len(labels), shuffle=train, pad=train, seed=hp.seed, **self._shard()
-        )
-        return TensorBatchLoader(
-            images.to(device),
-            labels.to(device),
-            hp.batch_size,
-            sampler,
-            self.mean,
-            self.std,
-            augment,
-        )
+        sampler = EpochShuffler(len(labels), shuffle=train, pad=train, seed=hp.seed, **self.shard())
+        images, labels = images.to(device), labels.to(device)
+        return TensorBatchLoader(images, labels, hp.batch_size, sampler, mean, std, augment)
 
     def _normalize(self, images: torch.Tensor) -> torch.Tensor:
         return normalize(images, torch.tensor(self.mean), torch.tensor(self.std))

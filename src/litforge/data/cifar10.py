@@ -16,18 +16,6 @@ from litforge.errors import UserError
 
 FOLDER = "cifar-10-batches-py"
 TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
-CLASS_NAMES = (
-    "airplane",
-    "automobile",
-    "bird",
-    "cat",
-    "deer",
-    "dog",
-    "frog",
-    "horse",
-    "ship",
-    "truck",
-)
 
 CIFAR10 = DatasetSource(
     name="cifar10",
@@ -79,12 +67,7 @@ def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
         keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
         raise CIFARFormatError(f"{path} has no 'data' and 'labels' (found {keys}). Replace it.")
     data, labels = batch["data"], np.asarray(batch["labels"])
-    if (
-        not isinstance(data, np.ndarray)
-        or data.dtype != np.uint8
-        or data.ndim != 2
-        or data.shape[1] != 3 * 32 * 32
-    ):
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.shape[1:] != (3072,):
         shape = getattr(data, "shape", None)
         raise CIFARFormatError(
             f"{path}: 'data' must be uint8 of shape N×3072, found "
@@ -101,7 +84,18 @@ class CIFAR10DataModule(InMemoryImageDataModule):
     source = CIFAR10
     input_shape = (3, 32, 32)
     num_train_images = 50000
-    class_names = CLASS_NAMES
+    class_names = (
+        "airplane",
+        "automobile",
+        "bird",
+        "cat",
+        "deer",
+        "dog",
+        "frog",
+        "horse",
+        "ship",
+        "truck",
+    )
     mean = (0.4914, 0.4822, 0.4465)
     std = (0.2470, 0.2435, 0.2616)
 

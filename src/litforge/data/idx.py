@@ -2,12 +2,13 @@
 
 An IDX file is a big-endian header — two zero bytes, a type code, the number of dimensions, then one
 uint32 per dimension — followed by the array itself. Both datasets store uint8 images (N×28×28) and
-uint8 labels (N).
+uint8 labels (N), type code 0x08, the only type read here.
 """
 
 from __future__ import annotations
 
 import gzip
+import math
 import struct
 from pathlib import Path
 
@@ -18,23 +19,13 @@ from litforge.data.base import InMemoryImageDataModule
 from litforge.data.sources import find_file
 from litforge.errors import UserError
 
-# type code -> big-endian numpy dtype
-IDX_DTYPES = {
-    0x08: np.dtype(">u1"),
-    0x09: np.dtype(">i1"),
-    0x0B: np.dtype(">i2"),
-    0x0C: np.dtype(">i4"),
-    0x0D: np.dtype(">f4"),
-    0x0E: np.dtype(">f8"),
-}
-
 
 class IDXFormatError(UserError):
     """A file is not a valid IDX file."""
 
 
 def read_idx(path: str | Path) -> torch.Tensor:
-    """Read an IDX file (plain or `.gz`) into a tensor of its stored shape."""
+    """Read an IDX file of uint8 values (plain or `.gz`) into a tensor of its stored shape."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     try:
@@ -42,25 +33,23 @@ def read_idx(path: str | Path) -> torch.Tensor:
             data = f.read()
     except (OSError, EOFError) as err:  # gzip raises these for truncated or non-gzip files
         raise IDXFormatError(f"cannot read {path}: {err}. Replace the file.") from err
-
-    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in IDX_DTYPES:
+    if len(data) < 4 or data[:3] != b"\x00\x00\x08":
         raise IDXFormatError(
-            f"{path} is not an IDX file (bad magic number {data[:4].hex() or 'none'}). "
+            f"{path} is not an IDX file of uint8 (bad magic number {data[:4].hex() or 'none'}). "
             "Replace it with the dataset's original file."
         )
-    dtype, ndim = IDX_DTYPES[data[2]], data[3]
+    ndim = data[3]
     header = 4 + 4 * ndim
     if len(data) < header:
         raise IDXFormatError(f"{path} is truncated inside its header. Replace the file.")
     shape = struct.unpack(f">{ndim}I", data[4:header])
-    expected = header + int(np.prod(shape)) * dtype.itemsize
+    expected = header + math.prod(shape)
     if len(data) != expected:
         raise IDXFormatError(
-            f"{path} has {len(data)} bytes, its header {tuple(shape)} needs {expected}: "
-            "the file is truncated or damaged. Replace it."
+            f"{path} has {len(data)} bytes, its header {shape} needs {expected}: the file is "
+            "truncated or damaged. Replace it."
         )
-    array = np.frombuffer(data, dtype=dtype, offset=header).reshape(shape)
-    return torch.from_numpy(array.astype(dtype.newbyteorder("="), copy=True))
+    return torch.from_numpy(np.frombuffer(data, np.uint8, offset=header).reshape(shape).copy())
 
 
 class IDXDataModule(InMemoryImageDataModule):

@@ -7,10 +7,9 @@
 Nothing is held in memory but the file list: worker processes read and decode a batch's files
 each epoch (`images.SampleTransform`), batches travel as uint8 and are normalized on the training
 device. So this is also the path to copy for data that does not fit in memory; for data that does
-not fit on one disk, see `streaming.py`.
+not fit on one disk, see `litforge.streaming`.
 
-Everything that can be wrong with the folder (no such folder, no images, an empty class folder, a
-split naming a class the training split lacks) stops the run in `inspect()`, before the model is
+Everything that can be wrong with the folder stops the run in `inspect()`, before the model is
 built. A file that does not decode stops it when met, naming the file (`on_bad_file="error"`), or
 is left out of its batch and counted (`"skip"`).
 """
@@ -25,10 +24,10 @@ import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from litforge.data.base import DataModule
 from litforge.data.images import (
     IMAGE_SUFFIXES,
     BadImageError,
@@ -38,7 +37,7 @@ from litforge.data.images import (
     fit,
     normalize,
 )
-from litforge.data.loaders import EpochShuffler, ResumesMidEpoch, SplitLoaders
+from litforge.data.loaders import EpochShuffler, ResumesMidEpoch
 from litforge.errors import UserError, number_problem
 
 log = logging.getLogger(__name__)
@@ -47,6 +46,7 @@ SPLITS = ("train", "val", "test")
 STATS_FILE = ".litforge-stats.json"
 STATS_FORMAT = 2
 ON_BAD_FILE = ("error", "skip")
+BALANCES = ("none", "sampler", "loss")
 
 Files = dict[str, list[Path]]  # class name -> image files
 
@@ -66,9 +66,7 @@ def cannot_decode(bad: str, skip_option: str = "data.on_bad_file=skip") -> UserE
 
 
 def scan_split(folder: Path) -> Files:
-    """`folder/<class>/<image>` as {class: sorted files}; an error for a class folder without
-    images and for images outside class folders."""
-    files: Files = {}
+    """`folder/<class>/<image>` as {class: sorted files}."""
     with os.scandir(folder) as entries:
         entries = sorted(entries, key=lambda e: e.name)
     stray = [e.name for e in entries if is_image(e)]
@@ -77,38 +75,23 @@ def scan_split(folder: Path) -> Files:
             f"{folder} holds images outside class folders ({stray[0]}, ...): put each image "
             f"into {folder}/<class name>/."
         )
+    files: Files = {}
     for entry in entries:
         if not entry.is_dir() or entry.name.startswith("."):
             continue
         with os.scandir(entry.path) as images:
-            found = sorted(Path(e.path) for e in images if is_image(e))
-        if not found:
+            files[entry.name] = sorted(Path(e.path) for e in images if is_image(e))
+        if not files[entry.name]:
             raise UserError(
                 f"class folder {entry.path} holds no images ({', '.join(IMAGE_SUFFIXES)}): add "
                 f"images or remove the folder."
             )
-        files[entry.name] = found
     return files
 
 
-# How messages name the settings of an image folder: as config keys (`data=image_folder`), or
-# as the arguments of `python -m litforge.streaming optimize`.
-CONFIG_SETTINGS = {
-    "root": "data.root={}",
-    "on_bad_file": "data.on_bad_file={}",
-    "image_size": "data.image_size={}",
-}
-OPTIMIZE_SETTINGS = {
-    "root": "the source folder {}",
-    "on_bad_file": "--on-bad-file {}",
-    "image_size": "--image-size {}",
-}
-
-
-def scan(root: Path, settings: dict[str, str] = CONFIG_SETTINGS) -> dict[str, Files]:
-    """Every split folder under `root`, checked: a train split with images, and no class in
-    val/test that train lacks."""
-    named = settings["root"].format(root)
+def scan(root: Path, named: str) -> dict[str, Files]:
+    """Every split folder under `root` (`named` in messages): a train split with images, and no
+    class in val/test that train lacks."""
     if not root.is_dir():
         raise UserError(
             f"{named} is no folder. Point it at a folder holding train/<class>/<image> files."
@@ -157,9 +140,9 @@ def carve(files: Files, fractions: dict[str, float], seed: int) -> dict[str, Fil
 
 
 class ImageFiles(Dataset):
-    """Image files with labels. A batch is fetched at once (`__getitems__`, given `(epoch,
-    first key, indices)`, the keys numbering the samples of the epoch): uint8 images N×C×S×S,
-    int64 labels, and the files that did not decode ("path (reason)")."""
+    """Image files with labels, fetched a batch at a time (`__getitems__`, given `(epoch, first
+    key, indices)`, the keys numbering the samples of the epoch): uint8 images N×C×S×S, int64
+    labels, and the files that did not decode ("path (reason)")."""
 
     def __init__(self, paths: list[Path], labels: list[int], transform: SampleTransform) -> None:
         self.paths, self.labels, self.transform = paths, labels, transform
@@ -192,30 +175,25 @@ class _EpochBatches:
     Training leaves out a last batch of one image: batch norm cannot train on a single sample."""
 
     def __init__(self, sampler: EpochShuffler, batch_size: int, train: bool) -> None:
-        self.sampler, self.batch_size, self.skip = sampler, batch_size, 0
-        self.drop_single = train
+        self.sampler, self.batch_size, self.drop_single, self.skip = sampler, batch_size, train, 0
 
-    def batches(self) -> int:
+    def __len__(self) -> int:  # the skipped batches included
         n = len(self.sampler)
         if self.drop_single and n > 1 and n % self.batch_size == 1:
             n -= 1
         return math.ceil(n / self.batch_size)
 
-    def __len__(self) -> int:
-        return self.batches() - self.skip
-
     def __iter__(self) -> Iterator[tuple[int, int, list[int]]]:
         indices = self.sampler.indices().tolist()
         first_key = self.sampler.rank * len(self.sampler)  # unique over processes
-        for batch in range(self.skip, self.batches()):
-            start = batch * self.batch_size
-            yield self.sampler.epoch, first_key + start, indices[start : start + self.batch_size]
+        size = self.batch_size
+        for start in range(self.skip * size, len(self) * size, size):
+            yield self.sampler.epoch, first_key + start, indices[start : start + size]
 
 
 class FileBatchLoader(ResumesMidEpoch):
-    """Batches of decoded files for Lightning: a `DataLoader` over `ImageFiles`, with the index
-    order of `EpochShuffler` (DistributedSampler semantics, set_epoch) and a state that resumes
-    mid-epoch at the next batch."""
+    """Batches of decoded files for Lightning: a `DataLoader` over `ImageFiles` in the order of
+    `EpochShuffler` (DistributedSampler semantics), resuming mid-epoch at the next batch."""
 
     batch_sampler = None  # Lightning calls `sampler.set_epoch`; this is no `DataLoader` to rewrap
 
@@ -245,7 +223,7 @@ class FileBatchLoader(ResumesMidEpoch):
         self.skipped = 0  # files that did not decode, this epoch
 
     def __len__(self) -> int:
-        return self._batches.batches()
+        return len(self._batches)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._batches.skip = self.start_epoch()
@@ -265,12 +243,9 @@ class FileBatchLoader(ResumesMidEpoch):
             yield images, labels
 
 
-BALANCES = ("none", "sampler", "loss")
-
-
 def class_weights(counts: list[int]) -> list[float]:
-    """Loss weights inversely proportional to the class counts, 1 on average over the samples
-    (a class with the average count weighs 1)."""
+    """Loss weights inversely proportional to the class counts; a class with the average count
+    weighs 1."""
     total, k = sum(counts), len(counts)
     return [round(total / (k * max(n, 1)), 6) for n in counts]
 
@@ -308,54 +283,34 @@ def check_image_arguments(
     return None if crop_scale is None else tuple(float(v) for v in crop_scale)
 
 
-class ImageDataModule(SplitLoaders, L.LightningDataModule):
-    """What image folders and streaming shards share once their files are found: the model's
-    arguments, per-batch normalization on the training device, class counts and balance.
-
-    Subclasses set `class_names`, `channels`, `image_size`, `mean`, `std` and `train_counts`
-    (images per class in the training split) in `inspect()`, which runs before the model is built,
-    and keep a `seed` argument in their hparams: the run's (`seed: ${seed}` in their data config),
-    which orders each epoch's samples and draws their augmentation (None: 0).
+class ImageDataModule(DataModule):
+    """What image folders and streaming shards share once their files are found: the sample
+    transform, per-batch normalization on the training device, class counts and balance.
+    `inspect()` sets `class_names`, `channels`, `image_size`, `mean`, `std` and `train_counts`
+    (images per class in the training split). `seed` (their hparams; the run's, `seed: ${seed}`
+    in their data config) orders each epoch's samples and draws their augmentation (None: 0).
     """
 
-    class_names: tuple[str, ...]
     channels: int
     image_size: int
-    mean: list[float]
-    std: list[float]
     train_counts: list[int]
 
-    def inspect(self) -> None:
-        """Find out the classes, image shape and statistics (once; cheap when repeated)."""
-        raise NotImplementedError
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        return self.channels, self.image_size, self.image_size
 
     def model_arguments(self) -> dict[str, object]:
-        self.inspect()
-        arguments = {
-            "input_shape": (self.channels, self.image_size, self.image_size),
-            "num_classes": len(self.class_names),
-            "class_names": self.class_names,
-            "mean": list(self.mean),
-            "std": list(self.std),
-        }
+        arguments = super().model_arguments()
         if self.hparams.balance == "loss":
             arguments["class_weights"] = class_weights(self.train_counts)
         return arguments
 
-    def example_input(self) -> torch.Tensor:
-        self.inspect()
-        return torch.zeros(2, self.channels, self.image_size, self.image_size)
-
     def log_class_counts(self) -> None:
-        pairs = zip(self.class_names, self.train_counts, strict=True)
-        counts = ", ".join(f"{n} {c}" for c, n in pairs)
-        balance = self.hparams.balance
+        counts = ", ".join(
+            f"{n} {c}" for c, n in zip(self.class_names, self.train_counts, strict=True)
+        )
         how = {"none": "", "sampler": " (balanced by sampling)", "loss": " (balanced in the loss)"}
-        log.info(f"Training images per class{how[balance]}: {counts}")
-
-    def stored_shape(self) -> tuple[int, int, int] | None:
-        """The shape of stored pixels, where samples are no encoded files."""
-        return None
+        log.info(f"Training images per class{how[self.hparams.balance]}: {counts}")
 
     def sample_transform(self, train: bool) -> SampleTransform:
         hp = self.hparams
@@ -366,7 +321,6 @@ class ImageDataModule(SplitLoaders, L.LightningDataModule):
             crop_scale=hp.crop_scale if train else None,
             horizontal_flip=hp.horizontal_flip and train,
             seed=0 if hp.seed is None else hp.seed,
-            stored=self.stored_shape(),
         )
 
     def pin_memory(self) -> bool:
@@ -377,7 +331,7 @@ class ImageDataModule(SplitLoaders, L.LightningDataModule):
         images, labels = batch
         if images.dtype == torch.uint8:
             device = images.device
-            if getattr(self, "_stats_device", None) != device:
+            if getattr(self, "_stats_device", None) != device:  # copied to a device once
                 self._mean_t = torch.tensor(self.mean, device=device)
                 self._std_t = torch.tensor(self.std, device=device)
                 self._stats_device = device
@@ -387,6 +341,13 @@ class ImageDataModule(SplitLoaders, L.LightningDataModule):
 
 class ImageFolderDataModule(ImageDataModule):
     """Train, validate and test on `root/<split>/<class>/<image>` files (see the module doc)."""
+
+    # How messages name the settings (`python -m litforge.streaming optimize`: its arguments).
+    settings = {
+        "root": "data.root={}",
+        "on_bad_file": "data.on_bad_file={}",
+        "image_size": "data.image_size={}",
+    }
 
     def __init__(
         self,
@@ -432,22 +393,27 @@ class ImageFolderDataModule(ImageDataModule):
         arguments["root"] = str(Path(root).expanduser().resolve())
         self.save_hyperparameters({"name": "image_folder", **arguments})
         self.splits: dict[str, Files] | None = None
-        self.settings = CONFIG_SETTINGS  # how messages name the settings
-
-    # --- what is in the folder ----------------------------------------------------------------
 
     def inspect(self) -> None:
         if self.splits is not None:
             return
         hp = self.hparams
         root = Path(hp.root)
-        found = scan(root, self.settings)
+        found = scan(root, self.settings["root"].format(root))
         missing = {"val": hp.val_fraction, "test": hp.test_fraction}
         missing = {split: f for split, f in missing.items() if split not in found}
         self.splits = {**found, **carve(found["train"], missing, hp.split_seed)}
         self.class_names = tuple(self.splits["train"])
         self.train_counts = [len(self.splits["train"][c]) for c in self.class_names]
         self.channels, self.image_size, self.mean, self.std = self._shape_and_stats(root)
+        if hp.mean is not None:
+            self.mean, self.std = list(hp.mean), list(hp.std)
+            if len(self.mean) != self.channels or len(self.std) != self.channels:
+                raise UserError(
+                    f"data.mean/data.std have {len(self.mean)}/{len(self.std)} values for "
+                    f"{self.channels}-channel images: give one per channel, or null to compute "
+                    f"them."
+                )
         sizes = ", ".join(f"{s} {sum(map(len, self.splits[s].values()))}" for s in SPLITS)
         carved = f" ({' and '.join(missing)} carved from train)" if missing else ""
         log.info(
@@ -456,50 +422,46 @@ class ImageFolderDataModule(ImageDataModule):
         )
         self.log_class_counts()
 
-    def _sample_files(self) -> list[Path]:
-        files = [p for c in self.class_names for p in self.splits["train"][c]]
-        step = max(1, len(files) // self.hparams.stats_images)
-        return files[::step][: self.hparams.stats_images]
-
     def _shape_and_stats(self, root: Path) -> tuple[int, int, list[float], list[float]]:
         """Channels and size (given, or as the sampled training images have them) and the
         per-channel mean/std (given, cached in `root/.litforge-stats.json`, or computed)."""
         hp = self.hparams
+        if None not in (hp.channels, hp.image_size, hp.mean):  # all given (e.g. by eval.py)
+            return hp.channels, hp.image_size, hp.mean, hp.std
+        files = [p for c in self.class_names for p in self.splits["train"][c]]
+        files = files[:: max(1, len(files) // hp.stats_images)][: hp.stats_images]
+        digest = hashlib.sha1()  # of the sampled files: other files, other statistics
+        for path in files:
+            stat = path.stat()
+            digest.update(f"{path}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
         key = {
             "format": STATS_FORMAT,
-            "sampled_files": self._fingerprint(),  # other files, other statistics
+            "sampled_files": digest.hexdigest(),
             "channels": hp.channels,
             "image_size": hp.image_size,
         }
         cache = root / STATS_FILE
-        if None not in (hp.channels, hp.image_size, hp.mean):  # all given (e.g. by eval.py)
-            channels, size, mean, std = hp.channels, hp.image_size, None, None
-        elif (cached := self._read_stats(cache, key)) is not None:
-            channels, size, mean, std = cached
-        else:
-            channels, size, mean, std = self._compute_stats()
-            self._write_stats(cache, key, channels, size, mean, std)
-        if hp.mean is not None:
-            mean, std = list(hp.mean), list(hp.std)
-            if len(mean) != channels or len(std) != channels:
-                raise UserError(
-                    f"data.mean/data.std have {len(mean)}/{len(std)} values for {channels}-"
-                    f"channel images: give one per channel, or null to compute them."
-                )
+        try:
+            stored = json.loads(cache.read_text())
+        except (OSError, ValueError):
+            stored = {}
+        if stored.get("key") == key:
+            return stored["channels"], stored["image_size"], stored["mean"], stored["std"]
+        channels, size, mean, std = self._compute_stats(files)
+        values = {"key": key, "channels": channels, "image_size": size, "mean": mean, "std": std}
+        partial = cache.with_name(f"{cache.name}.{os.getpid()}.partial")
+        try:
+            partial.write_text(json.dumps(values, indent=1))
+            partial.replace(cache)  # atomic: processes writing at once leave one whole file
+        except OSError as err:  # a read-only folder costs each run a few hundred decodes
+            partial.unlink(missing_ok=True)
+            log.warning(f"Could not cache image statistics in {cache}: {err}")
         return channels, size, mean, std
 
-    def _fingerprint(self) -> str:
-        """Names, sizes and modification times of the files the statistics are computed from."""
-        digest = hashlib.sha1()
-        for path in self._sample_files():
-            stat = path.stat()
-            digest.update(f"{path}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
-        return digest.hexdigest()
-
-    def _compute_stats(self) -> tuple[int, int, list[float], list[float]]:
+    def _compute_stats(self, files: list[Path]) -> tuple[int, int, list[float], list[float]]:
         hp = self.hparams
         decoded = []
-        for path in self._sample_files():
+        for path in files:
             try:
                 decoded.append(decode(path.read_bytes(), hp.channels))
             except (BadImageError, OSError) as err:
@@ -509,7 +471,8 @@ class ImageFolderDataModule(ImageDataModule):
         if not decoded:
             raise UserError(f"none of the sampled images under {hp.root}/train decodes.")
         channels = hp.channels or (1 if all(im.shape[0] == 1 for im in decoded) else 3)
-        if hp.image_size is None:
+        size = hp.image_size
+        if size is None:
             shapes = sorted({tuple(im.shape[1:]) for im in decoded})
             if len(shapes) > 1:
                 shown = ", ".join(f"{h}×{w}" for h, w in shapes[:3])
@@ -519,33 +482,8 @@ class ImageFolderDataModule(ImageDataModule):
                     f"{self.settings['image_size'].format('<pixels>')}."
                 )
             size = min(shapes[0])
-        else:
-            size = hp.image_size
         mean, std = channel_stats([fit(im.expand(channels, -1, -1), size) for im in decoded])
         return channels, size, mean, std
-
-    @staticmethod
-    def _read_stats(cache: Path, key: dict) -> tuple | None:
-        try:
-            stored = json.loads(cache.read_text())
-        except (OSError, ValueError):
-            return None
-        if stored.get("key") != key:
-            return None
-        return stored["channels"], stored["image_size"], stored["mean"], stored["std"]
-
-    @staticmethod
-    def _write_stats(cache: Path, key: dict, channels, size, mean, std) -> None:
-        partial = cache.with_name(f"{cache.name}.{os.getpid()}.partial")
-        values = {"key": key, "channels": channels, "image_size": size, "mean": mean, "std": std}
-        try:
-            partial.write_text(json.dumps(values, indent=1))
-            partial.replace(cache)  # atomic: processes writing at once leave one whole file
-        except OSError as err:  # a read-only folder costs each run a few hundred decodes
-            partial.unlink(missing_ok=True)
-            log.warning(f"Could not cache image statistics in {cache}: {err}")
-
-    # --- serving batches ----------------------------------------------------------------------
 
     def setup(self, stage: str | None = None) -> None:
         self.inspect()
@@ -562,14 +500,12 @@ class ImageFolderDataModule(ImageDataModule):
         files = self.splits[split]
         paths = [p for c in self.class_names for p in files.get(c, [])]
         labels = [i for i, c in enumerate(self.class_names) for _ in files.get(c, [])]
-        trainer = self.trainer
-        shard = (trainer.distributed_sampler_kwargs if trainer is not None else None) or {}
         weights = None
         if train and hp.balance == "sampler":
             per_class = [1 / n for n in self.train_counts]
             weights = torch.tensor([per_class[label] for label in labels])
         sampler = EpochShuffler(
-            len(paths), shuffle=train, pad=train, seed=hp.seed, weights=weights, **shard
+            len(paths), shuffle=train, pad=train, seed=hp.seed, weights=weights, **self.shard()
         )
         return FileBatchLoader(
             ImageFiles(paths, labels, self.sample_transform(train)),

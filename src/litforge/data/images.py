@@ -1,5 +1,4 @@
-"""Encoded image files to uint8 tensors, the same way for image folders (`image_folder.py`) and
-streaming shards (`streaming.py`).
+"""Encoded image files to uint8 tensors, the same way for image folders and streaming shards.
 
 One sample: decode (torchvision's decoders, PIL for the formats they lack), then either fit it to
 `size`×`size` (resize the shorter side, crop the center: evaluation) or cut a random crop and
@@ -16,11 +15,9 @@ from __future__ import annotations
 import functools
 import io
 import math
-import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -55,8 +52,7 @@ def decode(data: bytes, channels: int | None) -> torch.Tensor:
         if decoder is None:
             raise RuntimeError("torchvision has no image decoders")
         decode_image, modes = decoder
-        data_tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        image = decode_image(data_tensor, mode=modes[channels])
+        image = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), modes[channels])
     except RuntimeError:  # a format torchvision does not decode (BMP, TIFF) or broken bytes
         image = _decode_with_pil(data, channels)
     if image.ndim == 4:  # an animated GIF: its first frame
@@ -71,40 +67,6 @@ def decode(data: bytes, channels: int | None) -> torch.Tensor:
     elif channels == 3 and image.shape[0] == 1:
         image = image.expand(3, -1, -1).contiguous()
     return image
-
-
-def check_decodes(data: bytes) -> None:
-    """BadImageError unless `decode` would decode `data`. PIL first: it imports in a fraction of
-    torchvision's time, which counts in every worker process of `optimize`."""
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            image.load()
-    except Exception:  # PIL raises many types; torchvision may still know the format (AVIF)
-        decode(data, None)
-
-
-def shard_sample(
-    item: tuple[str, int], bad_dir: str, pixels: tuple[int, int] | None = None
-) -> dict | None:
-    """A sample of `optimize`'s shards (`streaming.py`): the file's bytes as they are, or with
-    `pixels=(channels, size)` its decoded uint8 pixels fitted to size×size; and its label. A file
-    that does not decode is left out (None), its name written into `bad_dir` for the parent
-    process to report. Runs in LitData's worker processes."""
-    path, label = item
-    try:
-        data = Path(path).read_bytes()
-        if pixels is None:
-            check_decodes(data)
-        else:
-            channels, size = pixels
-            data = fit(decode(data, channels), size).contiguous().numpy().tobytes()
-    except (BadImageError, OSError) as err:
-        with open(Path(bad_dir) / f"{os.getpid()}.txt", "a") as out:
-            out.write(f"{path}\t{err}\n")
-        return None
-    return {"image": data, "label": label}
 
 
 def _decode_with_pil(data: bytes, channels: int | None) -> torch.Tensor:
@@ -126,8 +88,7 @@ def _decode_with_pil(data: bytes, channels: int | None) -> torch.Tensor:
 
 
 def fit(image: torch.Tensor, size: int) -> torch.Tensor:
-    """Resize the shorter side to `size`, keep the central `size`×`size` (nothing to do when the
-    image has that size already)."""
+    """Resize the shorter side to `size`, keep the central `size`×`size`."""
     from torchvision.transforms.v2 import functional as F
 
     height, width = image.shape[-2:]
@@ -141,8 +102,9 @@ def fit(image: torch.Tensor, size: int) -> torch.Tensor:
 def random_crop_box(
     height: int, width: int, scale: Sequence[float], generator: torch.Generator
 ) -> tuple[int, int, int, int]:
-    """(top, left, h, w) of a crop covering a `scale` fraction of the image, aspect ratio 3:4 to
-    4:3 (Inception-style, as torchvision's RandomResizedCrop); the whole image if none fits."""
+    """(top, left, h, w) as torchvision's RandomResizedCrop draws them (a `scale` fraction of the
+    image, aspect ratio 3:4 to 4:3; the whole image if none fits), but from `generator`:
+    torchvision's transforms draw from the global generator, which training's dropout uses."""
     area = height * width
     low, high = math.log(3 / 4), math.log(4 / 3)
     for _ in range(10):
@@ -152,21 +114,15 @@ def random_crop_box(
         w = round(math.sqrt(target * ratio))
         h = round(math.sqrt(target / ratio))
         if 0 < w <= width and 0 < h <= height:
-            top = int(u[2] * (height - h + 1))
-            left = int(u[3] * (width - w + 1))
-            return top, left, h, w
+            return int(u[2] * (height - h + 1)), int(u[3] * (width - w + 1)), h, w
     return 0, 0, height, width
 
 
 @dataclass(frozen=True)
 class SampleTransform:
-    """Encoded bytes (or stored pixels) → uint8 `channels`×`size`×`size`, as evaluation or
-    training wants it.
-
-    `crop_scale` (training): a random crop covering this fraction range of the image, resized to
-    `size`; None: the evaluation fit. `horizontal_flip` (training): mirror half the images.
-    Picklable, so that it runs in DataLoader worker processes.
-    """
+    """An encoded file's bytes (or decoded uint8 pixels) → uint8 `channels`×`size`×`size`.
+    Training: a random crop of a `crop_scale` fraction of the image (None: evaluation's fit),
+    mirrored half the time with `horizontal_flip`. Picklable, for DataLoader worker processes."""
 
     channels: int
     size: int
@@ -174,14 +130,10 @@ class SampleTransform:
     crop_scale: tuple[float, float] | None = None
     horizontal_flip: bool = False
     seed: int = 0
-    stored: tuple[int, int, int] | None = None  # shards of pixels (C, H, W), not files
 
-    def __call__(self, data: bytes, key: int, epoch: int) -> torch.Tensor:
+    def __call__(self, data: bytes | torch.Tensor, key: int, epoch: int) -> torch.Tensor:
         """`key`: the sample's place in the epoch (an image drawn twice gets two crops)."""
-        if self.stored is None:
-            image = decode(data, self.channels)
-        else:
-            image = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(self.stored)
+        image = data if isinstance(data, torch.Tensor) else decode(data, self.channels)
         if not self.train or (self.crop_scale is None and not self.horizontal_flip):
             return fit(image, self.size)
         from torchvision.transforms.v2 import functional as F

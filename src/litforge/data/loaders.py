@@ -115,22 +115,6 @@ class BatchAugment:
         return x
 
 
-class SplitLoaders:
-    """A datamodule's three loaders from one `_loader(split, train)` of its own."""
-
-    def _loader(self, split: str, train: bool):
-        raise NotImplementedError
-
-    def train_dataloader(self):
-        return self._loader("train", train=True)
-
-    def val_dataloader(self):
-        return self._loader("val", train=False)
-
-    def test_dataloader(self):
-        return self._loader("test", train=False)
-
-
 class ResumesMidEpoch:
     """The loader state Lightning saves in checkpoints and restores: a run stopped mid-epoch goes
     on with the next batch of the same epoch instead of starting the epoch over. A loader with

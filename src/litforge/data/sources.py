@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from litforge.errors import UserError
 
 log = logging.getLogger(__name__)
-
-DOWNLOAD_TIMEOUT_S = 30
 
 
 class DatasetNotFoundError(UserError):
@@ -31,11 +28,9 @@ class DatasetNotFoundError(UserError):
 
 @dataclass(frozen=True)
 class DatasetSource:
-    """What a dataset is called in each place and which files make it complete.
-
-    `files` lists each required file without a compression suffix; a file is also found with a
-    `.gz` suffix. `resources` are the (archive name, md5) pairs to download from each mirror.
-    """
+    """What a dataset is called in each place and which files make it complete: `files` without
+    a compression suffix (a `.gz` copy counts too); `resources`, (archive name, md5) pairs to
+    download from each mirror."""
 
     name: str
     files: tuple[str, ...]
@@ -55,32 +50,20 @@ def find_file(directory: Path, filename: str) -> Path | None:
     return None
 
 
-def is_complete(directory: Path, files: Sequence[str]) -> bool:
-    return all(find_file(directory, f) is not None for f in files)
-
-
-def candidate_dirs(
-    source: DatasetSource, root_dir: Path, system_dir: Path | None, given: bool = False
-) -> list[Path]:
-    """The local directories searched, in order. A given folder may hold the files itself."""
-    dirs = [root_dir] if given else []
-    dirs += [root_dir / source.name, *(root_dir / alias for alias in source.aliases)]
-    if system_dir is not None and not given:
-        dirs.append(system_dir / (source.system_name or source.name))
-    return list(dict.fromkeys(dirs))
+def is_complete(directory: Path, source: DatasetSource) -> bool:
+    return all(find_file(directory, f) is not None for f in source.files)
 
 
 def download(source: DatasetSource, target: Path) -> list[str]:
     """Try each mirror for each resource into `target`; returns the failures (empty on success)."""
-    # torchvision's helpers follow redirects and check MD5 sums; imported here because they are
-    # only needed when files are missing.
+    # torchvision's helpers follow redirects and check MD5 sums.
     from torchvision.datasets.utils import download_and_extract_archive, download_url
 
     created = [d for d in (target, *target.parents) if not d.exists()]  # to undo on failure
     target.mkdir(parents=True, exist_ok=True)
     failures: list[str] = []
     previous_timeout = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)  # an unreachable mirror must not hang a run
+    socket.setdefaulttimeout(30)  # seconds: an unreachable mirror must not hang a run
     try:
         for filename, md5 in source.resources:
             for mirror in source.mirrors:
@@ -100,7 +83,7 @@ def download(source: DatasetSource, target: Path) -> list[str]:
                 break
     finally:
         socket.setdefaulttimeout(previous_timeout)
-    if is_complete(target, source.files):
+    if is_complete(target, source):
         return []
     for directory in created:  # innermost first: leave nothing behind from a failed attempt
         if directory.is_dir() and not any(directory.iterdir()):
@@ -118,10 +101,13 @@ def locate(
     """Return the first directory holding all of the dataset's files, downloading if needed.
     `given`: `data_dir` is the dataset's own folder (used, or an error), not a root to search."""
     data_dir = Path(data_dir).expanduser()
-    system = Path(system_dir).expanduser() if system_dir else None
-    tried = candidate_dirs(source, data_dir, system, given)
+    tried = [data_dir] if given else []
+    tried += [data_dir / source.name, *(data_dir / alias for alias in source.aliases)]
+    if system_dir and not given:
+        tried.append(Path(system_dir).expanduser() / (source.system_name or source.name))
+    tried = list(dict.fromkeys(tried))  # an alias "" is data_dir itself
     for directory in tried:
-        if is_complete(directory, source.files):
+        if is_complete(directory, source):
             return directory
 
     failures = ["download disabled (data.download=false)"]

@@ -271,8 +271,6 @@ def check_pipeline(cfg: DictConfig) -> None:
         )
 
 
-
-
 def check_model_parallel(cfg: DictConfig) -> None:
     trainer, strategy = cfg.trainer, cfg.strategy
     if str(trainer.precision) == "16-mixed":

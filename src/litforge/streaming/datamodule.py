@@ -31,15 +31,15 @@ from pathlib import Path
 import torch
 
 from litforge.data.image_folder import (
-    OPTIMIZE_SETTINGS,
     SPLITS,
     ImageDataModule,
     ImageFolderDataModule,
     cannot_decode,
     check_image_arguments,
 )
-from litforge.data.images import SampleTransform, shard_sample
+from litforge.data.images import SampleTransform
 from litforge.errors import UserError, number_problem
+from litforge.streaming.samples import shard_sample
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,12 @@ META_FORMAT = 1
 # epoch), or its decoded pixels at the size it was optimized for (no decoding when training: for
 # a 224×224 JPEG ~10× the bytes; the random crops can only cut into that size).
 STORES = ("files", "pixels")
+# How the image folder's messages name the settings: as this command's arguments.
+OPTIMIZE_SETTINGS = {
+    "root": "the source folder {}",
+    "on_bad_file": "--on-bad-file {}",
+    "image_size": "--image-size {}",
+}
 
 
 def import_litdata():
@@ -238,18 +244,21 @@ def optimize_folder(
 
 def image_stream_class():
     """`StreamingDataset` that decodes and transforms each sample (defined when first needed:
-    litdata is optional)."""
+    litdata is optional). `stored`: the (C, H, W) of shards of pixels, not files."""
     litdata = import_litdata()
 
     class ImageStream(litdata.StreamingDataset):
-        def __init__(self, *args, transform: SampleTransform, **kwargs) -> None:
+        def __init__(self, *args, transform: SampleTransform, stored=None, **kwargs) -> None:
             super().__init__(*args, **kwargs)
-            self.sample_transform = transform
+            self.sample_transform, self.stored = transform, stored
 
         def __getitem__(self, index):
             sample = super().__getitem__(index)
+            image = sample["image"]
+            if self.stored is not None:
+                image = torch.frombuffer(bytearray(image), dtype=torch.uint8).view(self.stored)
             position = getattr(index, "index", index)  # a ChunkedIndex when streaming
-            image = self.sample_transform(sample["image"], int(position), self.current_epoch)
+            image = self.sample_transform(image, int(position), self.current_epoch)
             return image, sample["label"]
 
     return ImageStream
@@ -330,12 +339,6 @@ class StreamingDataModule(ImageDataModule):
         )
         self.log_class_counts()
 
-    def stored_shape(self) -> tuple[int, int, int] | None:
-        meta = self.meta
-        if meta.get("store", "files") != "pixels":
-            return None
-        return meta["channels"], meta["image_size"], meta["image_size"]
-
     def setup(self, stage: str | None = None) -> None:
         self.inspect()
         for split, needed in (("val", stage in ("fit", "validate")), ("test", stage == "test")):
@@ -357,9 +360,11 @@ class StreamingDataModule(ImageDataModule):
             raise UserError(
                 f"{hp.input_dir} has no {split} shards: optimize a folder that has some."
             )
+        meta, size = self.meta, self.meta["image_size"]
         dataset = image_stream_class()(
             f"{hp.input_dir.rstrip('/')}/{split}",
             transform=self.sample_transform(train),
+            stored=(meta["channels"], size, size) if meta.get("store") == "pixels" else None,
             cache_dir=hp.cache_dir,
             max_cache_size=hp.max_cache_size,
             shuffle=train,
