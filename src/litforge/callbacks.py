@@ -212,15 +212,16 @@ class EpochStatistics(L.Callback):
             for name, value in zip(self.names, step, strict=True):
                 pl_module.log(f"{self.prefix}{name}_step", value, on_step=True, on_epoch=False)
 
-    def _total(self, trainer: L.Trainer, device: torch.device) -> torch.Tensor:
+    def _total(self, trainer: L.Trainer) -> torch.Tensor:
         # Zeros where this process has counted nothing yet: every process must join the sum.
         sums = self.sums if self.sums is not None else torch.zeros(len(self.names) + 1)
-        return trainer.strategy.reduce(sums.to(device).clone(), reduce_op="sum")
+        sums = sums.to(trainer.lightning_module.device).clone()
+        return trainer.strategy.reduce(sums, reduce_op="sum")
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self.names:
             return
-        *sums, count = self._total(trainer, pl_module.device)
+        *sums, count = self._total(trainer)
         if count > 0:
             for name, total in zip(self.names, sums, strict=True):
                 pl_module.log(f"{self.prefix}{name}", total / count, prog_bar=True)
@@ -237,8 +238,7 @@ class EpochStatistics(L.Callback):
         if trainer is None or trainer.state.fn != "fit" or not self.names:
             return {}
         # Summed over processes (all of them save together), to be loaded into rank 0.
-        module = trainer.lightning_module
-        return {"names": self.names, "sums": self._total(trainer, module.device).cpu()}
+        return {"names": self.names, "sums": self._total(trainer).cpu()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
