@@ -49,41 +49,30 @@ def number_problem(
 
 def one_line(err: BaseException) -> str | None:
     """The one line to show for `err`, or None when it is no mistake of the user's (a bug)."""
-    from hydra.errors import (
-        ConfigCompositionException,
-        HydraException,
-        InstantiationException,
-        MissingConfigException,
-        OverrideParseException,
-    )
-    from omegaconf.errors import (
-        ConfigAttributeError,
-        ConfigKeyError,
-        MissingMandatoryValue,
-        OmegaConfBaseException,
-    )
+    import hydra.errors
+    import omegaconf.errors
 
     chain, cause = [err], err.__cause__  # err, what caused it, what caused that...
     while chain[-1].__cause__ is not None:
         chain.append(chain[-1].__cause__)
     if user_error := next((e for e in chain if isinstance(e, UserError)), None):
         return str(user_error)
-    if isinstance(err, MissingConfigException) and err.options is not None:
+    if isinstance(err, hydra.errors.MissingConfigException) and err.options is not None:
         group, _, option = (err.missing_cfg_file or "").rpartition("/")
         return f"{group}={option}: no such option (conf/{group}/{option}.yaml). Choose one of: " + (
             f"{', '.join(err.options)}."
         )
-    if isinstance(err, ConfigCompositionException) and isinstance(
-        cause, (ConfigKeyError, ConfigAttributeError)
+    if isinstance(err, hydra.errors.ConfigCompositionException) and isinstance(
+        cause, (omegaconf.errors.ConfigKeyError, omegaconf.errors.ConfigAttributeError)
     ):
         key, known = cause.full_key, list(cause.parent_node or [])
         near = difflib.get_close_matches(str(cause.key), known, n=3)
         hint = f"did you mean {', '.join(near)}?" if near else f"it has: {', '.join(known)}."
         parent = key.rpartition(".")[0] or "the config"
         return f"{key} is not a setting of {parent}: {hint} (+{key}=... adds it)"
-    if isinstance(err, OverrideParseException):
+    if isinstance(err, hydra.errors.OverrideParseException):
         return f"{err.override}: not an override Hydra can parse ({str(err).splitlines()[0]})."
-    if isinstance(err, InstantiationException):
+    if isinstance(err, hydra.errors.InstantiationException):
         # `<config key>: <what the constructor said> (in <class>)`. (Lightning is loaded by then;
         # a config mistake found earlier is told without it.)
         from hydra.utils import get_object
@@ -110,9 +99,11 @@ def one_line(err: BaseException) -> str | None:
     if monitored := next((e for e in chain if "conditioned on metric" in str(e)), None):
         # Lightning's: a ReduceLROnPlateau's monitor that the run does not log
         return f"model.scheduler.monitor: {str(monitored).split('. Condition can')[0]}."
-    if missing := next((e for e in chain if isinstance(e, MissingMandatoryValue)), None):
+    if missing := next(
+        (e for e in chain if isinstance(e, omegaconf.errors.MissingMandatoryValue)), None
+    ):
         return _missing_value(str(missing.full_key))
-    if isinstance(err, (HydraException, OmegaConfBaseException)):
+    if isinstance(err, (hydra.errors.HydraException, omegaconf.errors.OmegaConfBaseException)):
         # A resolver's UserError reaches here as text only (OmegaConf drops the exception).
         line = str(err).strip().splitlines()[0]
         return line.removeprefix(f"{UserError.__name__} raised while resolving interpolation: ")
