@@ -66,7 +66,7 @@ class RichProgressBar(_LightningRichProgressBar):
         return {**statistics[0].running(), **metrics}
 
     def _due(self, batch_idx: int, total: Callable[[], int | float]) -> bool:
-        # `total` is read on rank 0 only: on the others, what it reads is never set up.
+        # `total` is read on rank 0 only: elsewhere Lightning never sets up what it reads.
         return self.is_enabled and (
             (batch_idx + 1) % self.refresh_rate == 0 or batch_idx + 1 >= total()
         )
@@ -108,8 +108,8 @@ class RichModelSummary(_LightningRichModelSummary):
 
 class LogRunConfig(L.Callback):
     """Log the whole resolved run config (filled in by the pipeline) to every logger, with the
-    batch size per process and in total. In `setup`, after `prepare_data`: a run whose data is
-    missing leaves no logger files."""
+    batch size per process and in total (`batch_size.per_device`, `batch_size.global`). In
+    `setup`, after `prepare_data`: a run whose data is missing leaves no logger files."""
 
     def __init__(self, run_config: Mapping[str, Any]) -> None:
         self.config = OmegaConf.to_container(OmegaConf.create(dict(run_config)), resolve=True)
@@ -162,9 +162,10 @@ class StopOnNonFiniteLoss(L.Callback):
         if bad:
             kept = trainer.checkpoint_callback
             checkpoints = kept.dirpath if kept is not None else "(none: no checkpoint callback)"
-            value = float(loss) if not math.isfinite(loss) else "NaN/inf in another process"
+            value = float(loss)
+            seen = value if not math.isfinite(value) else "NaN/inf in another process"
             raise UserError(
-                f"the training loss became {value} at epoch {trainer.current_epoch}, step "
+                f"the training loss became {seen} at epoch {trainer.current_epoch}, step "
                 f"{trainer.global_step} (batch {batch_idx}); training stopped. The checkpoints "
                 f"of earlier epochs are in {checkpoints}. Lower model.optimizer.lr, or check the "
                 "data for NaNs."

@@ -17,10 +17,10 @@ log = logging.getLogger(__name__)
 
 def wandb_has_credentials() -> bool:
     """An API key in the environment or from `wandb login` (~/.netrc)."""
-    import netrc
-
     if os.environ.get("WANDB_API_KEY"):
         return True
+    import netrc
+
     try:
         return any("wandb" in host for host in netrc.netrc().hosts)
     except (OSError, netrc.NetrcParseError):
@@ -55,8 +55,8 @@ class WandbLogger(_LightningWandbLogger):
 
 class CSVLogger(_LightningCSVLogger):
     """Lightning's CSV logger; a resumed run (`resume_from`: its ckpt_path) appends to the
-    metrics.csv of its folder, which Lightning's deletes (by design since 2.2.1: Lightning #19446).
-    """
+    metrics.csv of its folder, which Lightning's deletes (by design since 2.2.1: Lightning
+    #19446)."""
 
     def __init__(self, *args: Any, resume_from: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
