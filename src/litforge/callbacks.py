@@ -1,6 +1,5 @@
-"""Callbacks of our own, each listed in conf/callbacks/. The ones about checkpoints are in
-`litforge.checkpoints`, SLURM's requeue in `litforge.slurm`; the Optuna search's (pruning) is
-part of the search, in `hydra_plugins/litforge/_optuna_pruning.py`."""
+"""Callbacks of our own, each listed in conf/callbacks/ (those about checkpoints: in
+`litforge.checkpoints`)."""
 
 from __future__ import annotations
 
@@ -8,18 +7,17 @@ import logging
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import lightning as L
+import rich
 import torch
 from lightning.pytorch.callbacks import LearningRateMonitor as _LightningLearningRateMonitor
 from lightning.pytorch.callbacks import RichModelSummary as _LightningRichModelSummary
 from lightning.pytorch.callbacks import RichProgressBar as _LightningRichProgressBar
 from lightning.pytorch.utilities.data import extract_batch_size
-from lightning.pytorch.utilities.model_summary import (
-    get_formatted_model_size,
-    get_human_readable_count,
-)
 from omegaconf import OmegaConf
 from rich.progress import ProgressColumn, Task
 from rich.table import Table
@@ -32,9 +30,8 @@ log = logging.getLogger(__name__)
 
 
 class _Speed(ProgressColumn):
-    """Batches a second: Lightning's column shows `0.00it/s` whenever rich has no estimate
-    (fewer than two redraws in its window, as with a redraw every 20 batches, and every
-    finished bar); here the mean since the bar started stands in, and nothing before a batch."""
+    """Batches a second. Lightning's column shows `0.00it/s` whenever rich has no estimate (fewer
+    than two redraws in its window, and every finished bar): the mean since the start stands in."""
 
     def render(self, task: Task) -> Text:
         speed = task.finished_speed or task.speed
@@ -44,26 +41,19 @@ class _Speed(ProgressColumn):
 
 
 class RichProgressBar(_LightningRichProgressBar):
-    """Lightning's rich progress bar, redrawn every `refresh_rate` batches.
+    """Lightning's rich progress bar, redrawn every `refresh_rate` batches (other ranks than 0 skip
+    it all): Lightning's (2.6.6; Lightning #13937, #20300) reads the metrics and redraws after
+    every batch, ~1 ms a step on a CPU.
 
-    Lightning's version (2.6.6; cf. Lightning #13937, #20300) reads the logged metrics and redraws
-    after every batch whatever its `refresh_rate`; on a CPU that costs about 1 ms a step, 10% of a
-    small model's epoch.
-    Processes other than rank 0 show no bar and skip all of it.
-
-    The training statistics shown are this epoch's so far (`EpochStatistics.running()`): the
-    logged `train/loss` is the previous epoch's until the epoch ends, which is after its
-    validation and after this bar's last redraw, so the bar would show it next to the new
-    epoch's validation metrics. Once the epoch's batches are done, the running value is the
-    epoch's `train/loss` (this process's batches; under DDP the log averages all of them).
+    Its training statistics are this epoch's so far (`EpochStatistics.running()`; this process's
+    batches): the logged `train/loss` stays the previous epoch's until after the bar's last redraw.
     """
 
     def __init__(self, refresh_rate: int = 20, **kwargs: Any) -> None:
         super().__init__(refresh_rate=refresh_rate, **kwargs)
 
     def configure_columns(self, trainer: L.Trainer) -> list:
-        *columns, _ = super().configure_columns(trainer)  # (the last one: Lightning's speed)
-        return [*columns, _Speed()]
+        return [*super().configure_columns(trainer)[:-1], _Speed()]  # (the last: the speed)
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         metrics = super().get_metrics(trainer, pl_module)
@@ -76,8 +66,7 @@ class RichProgressBar(_LightningRichProgressBar):
         return {**statistics[0].running(), **metrics}
 
     def _due(self, batch_idx: int, total: Callable[[], int | float]) -> bool:
-        # `total` is read on rank 0 only: on the others Lightning never sets up what it reads
-        # (the current evaluation dataloader), and reading it fails.
+        # `total` is read on rank 0 only: elsewhere Lightning never sets up what it reads.
         return self.is_enabled and (
             (batch_idx + 1) % self.refresh_rate == 0 or batch_idx + 1 >= total()
         )
@@ -101,75 +90,40 @@ class RichModelSummary(_LightningRichModelSummary):
     `example_input_array`, which the pipeline sets only for a logger's graph."""
 
     @staticmethod
-    def summarize(
-        summary_data: list[tuple[str, list[str]]],
-        total_parameters: int,
-        trainable_parameters: int,
-        model_size: float,
-        total_training_modes: dict[str, int],
-        total_flops: int,
-        **summarize_kwargs: Any,
-    ) -> None:
+    def summarize(*args: Any, total_flops: int, **kwargs: Any) -> None:
         if total_flops:
-            _LightningRichModelSummary.summarize(
-                summary_data,
-                total_parameters,
-                trainable_parameters,
-                model_size,
-                total_training_modes,
-                total_flops,
-                **summarize_kwargs,
-            )
+            _LightningRichModelSummary.summarize(*args, total_flops=total_flops, **kwargs)
             return
-        import rich
-
-        columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
-        table = Table(header_style=summarize_kwargs.get("header_style", "bold magenta"))
-        for name, _ in columns:
-            table.add_column(
-                name, justify="right" if name.startswith(("Params", "In ", "Out ")) else "left"
-            )
-        for row in zip(*(values for _, values in columns), strict=True):
-            table.add_row(*row)
-        totals = {
-            "Trainable params": get_human_readable_count(trainable_parameters),
-            "Non-trainable params": get_human_readable_count(
-                total_parameters - trainable_parameters
-            ),
-            "Total params": get_human_readable_count(total_parameters),
-            "Total estimated model params size (MB)": get_formatted_model_size(model_size),
-            "Modules in train mode": total_training_modes["train"],
-            "Modules in eval mode": total_training_modes["eval"],
-        }
         console = rich.get_console()
-        console.print(table)
-        console.print("\n".join(f"[bold]{k}[/]: {v}" for k, v in totals.items()), highlight=False)
+
+        def show(table: Table) -> None:  # what Lightning prints: its table, then its totals
+            table.columns = [c for c in table.columns if c.header != "FLOPs"]
+            if not table.show_header:  # the totals but the last, `Total FLOPs: 0`
+                table = "\n".join(line.rstrip() for line in list(table.columns[0].cells)[:-1])
+            console.print(table, highlight=False)
+
+        with mock.patch("rich.get_console", return_value=SimpleNamespace(print=show)):
+            _LightningRichModelSummary.summarize(*args, total_flops=0, **kwargs)
 
 
 class LogRunConfig(L.Callback):
-    """Log the whole resolved run config to every logger (rather than the model's arguments),
-    with the batch size per process and in total (`batch_size.per_device`, `batch_size.global`).
-
-    `run_config` is filled in by the pipeline (a config cannot hold itself). In `setup`, which
-    Lightning calls after `prepare_data`: a run whose data is missing leaves no logger files.
-    """
+    """Log the whole resolved run config (filled in by the pipeline) to every logger, with the
+    batch size per process and in total (`batch_size.per_device`, `batch_size.global`). In
+    `setup`, after `prepare_data`: a run whose data is missing leaves no logger files."""
 
     def __init__(self, run_config: Mapping[str, Any]) -> None:
         self.config = OmegaConf.to_container(OmegaConf.create(dict(run_config)), resolve=True)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         per_device = self.config.get("data", {}).get("batch_size", 0)
-        # Data-parallel replicas: processes that see different data (tensor parallel ranks
-        # share theirs), times gradient accumulation.
+        # processes that see different data (tensor-parallel ranks share theirs)
         replicas = (trainer.distributed_sampler_kwargs or {}).get("num_replicas", 1)
         total = per_device * replicas * trainer.accumulate_grad_batches
         if trainer.is_global_zero and stage == "fit":
+            accumulated = trainer.accumulate_grad_batches
             log.info(
-                "Batch size: %d per process x %d data-parallel process(es) x %d accumulated = %d",
-                per_device,
-                replicas,
-                trainer.accumulate_grad_batches,
-                total,
+                f"Batch size: {per_device} per process x {replicas} data-parallel process(es) "
+                f"x {accumulated} accumulated = {total}"
             )
         config = {**self.config, "batch_size": {"per_device": per_device, "global": total}}
         for logger in trainer.loggers:
@@ -178,9 +132,8 @@ class LogRunConfig(L.Callback):
 
 class LearningRateMonitor(_LightningLearningRateMonitor):
     """Lightning's, which logs `logging_interval: epoch` rates when an epoch starts. An epoch
-    resumed mid-way (`ckpt_path=last` after a kill) has no start of its own: its rates go into
-    the run's metrics (metrics.json, the progress bar) without a second row in the logs, where
-    the run it continues wrote them when the epoch started."""
+    resumed mid-way has no start: its rates go into the run's metrics (metrics.json, the progress
+    bar) but not the logs, where the run it continues wrote them."""
 
     _epoch_seen = -1
 
@@ -210,26 +163,23 @@ class StopOnNonFiniteLoss(L.Callback):
             kept = trainer.checkpoint_callback
             checkpoints = kept.dirpath if kept is not None else "(none: no checkpoint callback)"
             value = float(loss)
-            where = "" if not math.isfinite(value) else " in another process"
+            seen = value if not math.isfinite(value) else "NaN/inf in another process"
             raise UserError(
-                f"the training loss became {'NaN/inf' if where else value}{where} at epoch "
-                f"{trainer.current_epoch}, "
-                f"step {trainer.global_step} (batch {batch_idx}); training stopped. The "
-                f"checkpoints of earlier epochs are in {checkpoints}. Lower "
-                f"model.optimizer.lr, or check the data for NaNs."
+                f"the training loss became {seen} at epoch {trainer.current_epoch}, step "
+                f"{trainer.global_step} (batch {batch_idx}); training stopped. The checkpoints "
+                f"of earlier epochs are in {checkpoints}. Lower model.optimizer.lr, or check the "
+                "data for NaNs."
             )
 
 
 class EpochStatistics(L.Callback):
-    """Logs `<prefix><name>` for each value a training step returns (`loss`, and whatever else
-    `ClassificationModule.step_statistics` yields): averaged over the epoch's samples on all
-    processes, once at the epoch's end; and the step's own values as `<prefix><name>_step` on
-    the steps the loggers write (`trainer.log_every_n_steps`).
+    """Logs `<prefix><name>` for each value a training step returns (`loss`, and the others of
+    `ClassificationModule.step_statistics`), averaged over the epoch's samples on all processes;
+    and on the steps the loggers write, the step's own as `<prefix><name>_step`.
 
-    A step adds its values times its batch size to one tensor of sums on the device
-    (microseconds; `self.log(..., on_epoch=True)` in every step costs ~0.25 ms each on a CPU).
-    A step may give its own weight as `batch_size` (0: nothing to count). A mid-epoch
-    checkpoint keeps the sums, so a resumed epoch logs what an uninterrupted one would.
+    A step adds its values times its batch size (or its own `batch_size`; 0: nothing to count) to
+    one tensor of sums on the device: microseconds, where `self.log(..., on_epoch=True)` costs
+    ~0.25 ms a value on a CPU. Checkpoints keep the sums: a resumed epoch logs the same.
     """
 
     def __init__(self, prefix: str = "train/") -> None:
@@ -263,15 +213,16 @@ class EpochStatistics(L.Callback):
             for name, value in zip(self.names, step, strict=True):
                 pl_module.log(f"{self.prefix}{name}_step", value, on_step=True, on_epoch=False)
 
-    def _total(self, trainer: L.Trainer, device: torch.device) -> torch.Tensor:
+    def _total(self, trainer: L.Trainer) -> torch.Tensor:
         # Zeros where this process has counted nothing yet: every process must join the sum.
         sums = self.sums if self.sums is not None else torch.zeros(len(self.names) + 1)
-        return trainer.strategy.reduce(sums.to(device).clone(), reduce_op="sum")
+        sums = sums.to(trainer.lightning_module.device).clone()
+        return trainer.strategy.reduce(sums, reduce_op="sum")
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self.names:
             return
-        *sums, count = self._total(trainer, pl_module.device)
+        *sums, count = self._total(trainer)
         if count > 0:
             for name, total in zip(self.names, sums, strict=True):
                 pl_module.log(f"{self.prefix}{name}", total / count, prog_bar=True)
@@ -288,8 +239,7 @@ class EpochStatistics(L.Callback):
         if trainer is None or trainer.state.fn != "fit" or not self.names:
             return {}
         # Summed over processes (all of them save together), to be loaded into rank 0.
-        module = trainer.lightning_module
-        return {"names": self.names, "sums": self._total(trainer, module.device).cpu()}
+        return {"names": self.names, "sums": self._total(trainer).cpu()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
@@ -300,14 +250,13 @@ class EpochStatistics(L.Callback):
 
 
 class ClassificationPlots(L.Callback):
-    """`<dirpath>/curves.png` (train and validation loss and accuracy per epoch) after training
-    and `<dirpath>/confusion_matrix.png` after testing, on rank 0; also sent to TensorBoard and
-    Weights & Biases when they log. Needs no logger: the epochs are recorded here, and kept in
-    checkpoints so that a resumed run draws all of them.
+    """`<dirpath>/curves.png` (loss and accuracy per epoch) after training and
+    `<dirpath>/confusion_matrix.png` after testing, on rank 0; also sent to TensorBoard and W&B
+    when they log. The epochs are recorded here (no logger needed) and kept in checkpoints.
 
-    An epoch's statistics may be logged after this callback's `on_train_epoch_end` (by the
-    module, or a callback listed after this one): the epoch is recorded at the next chance
-    instead (the next epoch's start, the end of training, or a checkpoint being written).
+    An epoch's statistics may be logged after this callback's `on_train_epoch_end` (by the module
+    or a later callback): the epoch is read at the next chance (the next epoch's start, the end
+    of training, a checkpoint).
     """
 
     NAMES = ("train/loss", "train/acc", "val/loss", "val/acc")

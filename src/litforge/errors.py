@@ -1,20 +1,16 @@
 """Bad input ends in one line that says what is wrong and how to fix it, and exit status 1
 (`HYDRA_FULL_ERROR=1`: the traceback): `UserError` for problems our code finds, `one_line` for
-Hydra's and OmegaConf's (an unknown option or key, a `_target_` that does not import, a value a
-constructor refuses). An entry point gets both with two decorators, and nothing happens when its
-module is imported:
+Hydra's and OmegaConf's. An entry point gets both with two decorators; importing it changes nothing:
 
-    @one_line_errors  # while main runs: Hydra's own errors too (sets HYDRA_FULL_ERROR)
+    @one_line_errors  # while main runs: Hydra's own errors too
     @hydra.main(config_path="conf", config_name="train", version_base="1.3")
     @reported  # the task's errors; a run folder left empty goes
     def main(cfg): ...
-
-This module owns litforge's one environment variable, LITFORGE_FULL_ERROR (see
-`one_line_errors`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import inspect
@@ -51,55 +47,37 @@ def number_problem(
     return None
 
 
-def _causes(err: BaseException | None) -> list[BaseException]:
-    chain = []
-    while err is not None:
-        chain.append(err)
-        err = err.__cause__
-    return chain
-
-
 def one_line(err: BaseException) -> str | None:
     """The one line to show for `err`, or None when it is no mistake of the user's (a bug)."""
-    from hydra.errors import (
-        ConfigCompositionException,
-        HydraException,
-        InstantiationException,
-        MissingConfigException,
-        OverrideParseException,
-    )
-    from omegaconf.errors import (
-        ConfigAttributeError,
-        ConfigKeyError,
-        MissingMandatoryValue,
-        OmegaConfBaseException,
-    )
+    import hydra.errors
+    import omegaconf.errors
 
-    chain, cause = _causes(err), err.__cause__
+    chain, cause = [err], err.__cause__  # err, what caused it, what caused that...
+    while chain[-1].__cause__ is not None:
+        chain.append(chain[-1].__cause__)
     if user_error := next((e for e in chain if isinstance(e, UserError)), None):
         return str(user_error)
-    if isinstance(err, MissingConfigException) and err.options is not None:
+    if isinstance(err, hydra.errors.MissingConfigException) and err.options is not None:
         group, _, option = (err.missing_cfg_file or "").rpartition("/")
         return f"{group}={option}: no such option (conf/{group}/{option}.yaml). Choose one of: " + (
             f"{', '.join(err.options)}."
         )
-    if isinstance(err, ConfigCompositionException) and isinstance(
-        cause, (ConfigKeyError, ConfigAttributeError)
+    if isinstance(err, hydra.errors.ConfigCompositionException) and isinstance(
+        cause, (omegaconf.errors.ConfigKeyError, omegaconf.errors.ConfigAttributeError)
     ):
-        known = list(cause.parent_node or [])
+        key, known = cause.full_key, list(cause.parent_node or [])
         near = difflib.get_close_matches(str(cause.key), known, n=3)
         hint = f"did you mean {', '.join(near)}?" if near else f"it has: {', '.join(known)}."
-        parent = cause.full_key.rpartition(".")[0] or "the config"
-        return (
-            f"{cause.full_key} is not a setting of {parent}: {hint} (+{cause.full_key}=... adds it)"
-        )
-    if isinstance(err, OverrideParseException):
+        parent = key.rpartition(".")[0] or "the config"
+        return f"{key} is not a setting of {parent}: {hint} (+{key}=... adds it)"
+    if isinstance(err, hydra.errors.OverrideParseException):
         return f"{err.override}: not an override Hydra can parse ({str(err).splitlines()[0]})."
-    if isinstance(err, InstantiationException):
-        # (Lightning is loaded by then; a config mistake found earlier is told without it.)
+    if isinstance(err, hydra.errors.InstantiationException):
+        # `<config key>: <what the constructor said> (in <class>)`. (Lightning is loaded by then;
+        # a config mistake found earlier is told without it.)
+        from hydra.utils import get_object
         from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-        # `<config key>: <what the constructor said> (<class>)`; None for what looks like a bug
         key = re.search(r"full_key: (\S+)", str(err))
         where = f"{key[1]}: " if key else ""
         target = ([t for e in chain for t in re.findall(r"target '([^']+)'", str(e))] or ["?"])[-1]
@@ -112,16 +90,20 @@ def one_line(err: BaseException) -> str | None:
         if not (signature or isinstance(root, (ValueError, MisconfigurationException))):
             return None
         if unexpected := re.search(r"unexpected keyword argument '(\w+)'", message):
-            accepted = _arguments(target)
+            accepted = []
+            with contextlib.suppress(Exception):  # not importable or no signature: no names
+                accepted = list(inspect.signature(get_object(target)).parameters)
             near = difflib.get_close_matches(unexpected[1], accepted, n=3)
             message += f"; did you mean {', '.join(near)}?" if near else f"; it takes {accepted}"
         return f"{where}{message} (in {target})"
     if monitored := next((e for e in chain if "conditioned on metric" in str(e)), None):
         # Lightning's: a ReduceLROnPlateau's monitor that the run does not log
         return f"model.scheduler.monitor: {str(monitored).split('. Condition can')[0]}."
-    if missing := next((e for e in chain if isinstance(e, MissingMandatoryValue)), None):
+    if missing := next(
+        (e for e in chain if isinstance(e, omegaconf.errors.MissingMandatoryValue)), None
+    ):
         return _missing_value(str(missing.full_key))
-    if isinstance(err, (HydraException, OmegaConfBaseException)):
+    if isinstance(err, (hydra.errors.HydraException, omegaconf.errors.OmegaConfBaseException)):
         # A resolver's UserError reaches here as text only (OmegaConf drops the exception).
         line = str(err).strip().splitlines()[0]
         return line.removeprefix(f"{UserError.__name__} raised while resolving interpolation: ")
@@ -129,11 +111,11 @@ def one_line(err: BaseException) -> str | None:
 
 
 def _missing_value(key: str) -> str:
-    """`key` is `???` in the config: say so, with what the option's YAML file says belongs there
-    (its comment on that line)."""
+    """`key` is `???` in the config: say so, with what belongs there as the option's YAML file
+    says it (the comment on that line)."""
     group, _, leaf = key.partition(".")
-    meaning = ""
-    try:
+    where = meaning = ""
+    with contextlib.suppress(Exception):  # outside a Hydra run: the key alone
         from hydra.core.hydra_config import HydraConfig
 
         runtime = HydraConfig.get().runtime
@@ -141,32 +123,14 @@ def _missing_value(key: str) -> str:
         for source in runtime.config_sources:
             path = Path(source.path) / group / f"{option}.yaml"
             if source.schema == "file" and option and path.is_file():
-                found = re.search(
-                    rf"^\s*{re.escape(leaf.rpartition('.')[2])}:\s*\?\?\?\s*#\s*(.+)$",
-                    path.read_text(),
-                    re.MULTILINE,
-                )
-                meaning = found[1].strip() if found else ""
-                where = f" ({group}={option})"
+                name = re.escape(leaf.rpartition(".")[2])
+                found = re.search(rf"^\s*{name}:\s*\?\?\?\s*#\s*(.+)$", path.read_text(), re.M)
+                where, meaning = f" ({group}={option})", found[1].strip() if found else ""
                 break
-        else:
-            where = ""
-    except Exception:  # outside a Hydra run: the key alone
-        where = ""
     return f"{key} is not set and this run needs it{where}: add {key}=<{meaning or 'a value'}>."
 
 
-def _arguments(target: str) -> list[str]:
-    from hydra.utils import get_object
-
-    try:
-        return list(inspect.signature(get_object(target)).parameters)
-    except Exception:  # not importable or no signature: no names to suggest
-        return []
-
-
-# The user's own HYDRA_FULL_ERROR while an entry point runs, for its process and the processes
-# it starts (see `one_line_errors`).
+# The user's own HYDRA_FULL_ERROR, for the processes an entry point starts (`one_line_errors`).
 FULL_ERROR = "LITFORGE_FULL_ERROR"
 
 
@@ -176,22 +140,19 @@ def _full_error() -> bool:
 
 
 def one_line_errors(main):
-    """Decorate an entry point's `main`, above `@hydra.main`: while it runs, a mistake of the
-    user's that Hydra finds (an override it cannot parse, an unknown option or key) ends in one
-    `error:` line and exit status 1 too, as `reported` does for those found later.
+    """Decorate an entry point's `main`, above `@hydra.main`: a mistake of the user's that Hydra
+    finds (an override it cannot parse, an unknown option or key) ends in one `error:` line too.
 
     Hydra prints its own errors over several lines, and hands them on only when HYDRA_FULL_ERROR
     is set (hydra 1.3 has no hook for them; hydra #3361). So while `main` runs HYDRA_FULL_ERROR
-    is 1, and what comes out of `main` is told here. The processes `main` starts (DDP's, a
-    sweep's jobs) inherit that 1: the user's own choice goes with it in LITFORGE_FULL_ERROR.
-    Both are put back when `main` ends.
+    is 1, and the processes it starts (DDP's, a sweep's jobs) find the user's own choice in
+    LITFORGE_FULL_ERROR. Both are put back when `main` ends.
     """
 
     @functools.wraps(main)
     def run(*args: Any, **kwargs: Any) -> Any:
         saved = {name: os.environ.get(name) for name in (FULL_ERROR, "HYDRA_FULL_ERROR")}
-        os.environ[FULL_ERROR] = "1" if _full_error() else ""
-        os.environ["HYDRA_FULL_ERROR"] = "1"
+        os.environ.update({FULL_ERROR: "1" if _full_error() else "", "HYDRA_FULL_ERROR": "1"})
         try:
             return main(*args, **kwargs)
         except Exception as err:
@@ -211,10 +172,9 @@ def one_line_errors(main):
 
 def reported(task):
     """Decorate an entry point's task, under `@hydra.main`: a mistake of the user's (`one_line`)
-    in the config's values or found during the run ends in one `error:` line and exit status 1,
-    and the run folder Hydra made for it goes if the run wrote nothing there but Hydra's files
-    and logs (`_remove_unused`). Hydra's own errors, before the task: `one_line_errors`.
-    """
+    ends in one `error:` line (the traceback goes to the run's log file) and exit status 1, and
+    the run folder Hydra made for it goes if the run wrote nothing there but Hydra's files and
+    logs: a run stopped by a mistake in its input leaves no empty run behind."""
 
     @functools.wraps(task)
     def run(cfg: Any) -> Any:
@@ -222,39 +182,44 @@ def reported(task):
         try:
             return task(cfg)
         except Exception as err:
-            if _full_error() or (line := one_line(err)) is None or _in_sweep():
-                # (HYDRA_FULL_ERROR=1: the run folder stays, with the traceback in its log.)
-                raise  # in a sweep of Hydra's basic launcher: a failed job Hydra records
-            _to_log_files(f"error: {line}\n{traceback.format_exc()}")
+            # HYDRA_FULL_ERROR=1: the run folder stays, with the traceback in its log. In a sweep
+            # of Hydra's basic launcher: a failed job, which Hydra records.
+            if _full_error() or (line := one_line(err)) is None or _hydra_mode() == "MULTIRUN":
+                raise
+            for handler in logging.getLogger().handlers:  # the traceback: in train.log only
+                if isinstance(handler, logging.FileHandler):
+                    handler.stream.write(f"error: {line}\n{traceback.format_exc()}")
+                    handler.flush()
             _say_error(line)
-            if new_folder is not None:
-                _remove_unused(new_folder)
+            if new_folder is not None and _holds_only_hydra_files(new_folder, empty_logs=False):
+                _remove(new_folder)
             sys.exit(1)
 
     return run
+
+
+def _hydra_mode() -> str | None:
+    """RUN or MULTIRUN while Hydra runs the task."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return getattr(HydraConfig.get().mode, "name", None) if HydraConfig.initialized() else None
 
 
 def _new_run_dir(cfg: Any) -> Path | None:
     """The run folder, when Hydra has just made it for this process: it holds only what Hydra
     writes before the task (`.hydra/*.yaml`, an empty log file). None for a sweep's job (the
     sweep summary lists its folder with its error), in the processes of a multi-process job
-    other than the first, and for a folder that a run goes back into (`ckpt_path=last`: its
-    checkpoints, its earlier log)."""
+    other than the first, and for a folder that a run goes back into (`ckpt_path=last`)."""
     from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
 
-    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.RUN:
-        return None  # (a sweep's job under Hydra's own launchers: MULTIRUN)
-    if cfg.get("sweep_name"):  # a job of the subprocess launcher, which runs it as a single run
+    # `sweep_name`: a job of the subprocess launcher, which runs it as a single run
+    if _hydra_mode() != "RUN" or cfg.get("sweep_name"):
         return None
-    if any(os.environ.get(rank, "0") != "0" for rank in _RANKS):
+    ranks = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")  # Lightning's DDP, torchrun, SLURM
+    if any(os.environ.get(rank, "0") != "0" for rank in ranks):
         return None
     folder = Path(HydraConfig.get().runtime.output_dir)
     return folder if _holds_only_hydra_files(folder, empty_logs=True) else None
-
-
-# Set by Lightning's DDP, torchrun and SLURM in the processes of a job.
-_RANKS = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
 
 
 def _holds_only_hydra_files(folder: Path, empty_logs: bool) -> bool:
@@ -273,14 +238,10 @@ def _holds_only_hydra_files(folder: Path, empty_logs: bool) -> bool:
     return True
 
 
-def _remove_unused(folder: Path) -> None:
-    """Remove this run's folder if the run wrote nothing there but Hydra's files and logs (the
-    config tree, the error's traceback): a run stopped by a mistake in its input leaves no
-    empty run behind. Anything else (a checkpoint, a logger's files) keeps it."""
+def _remove(folder: Path) -> None:
+    """Remove `folder`, closing the log files in it first."""
     import shutil
 
-    if not _holds_only_hydra_files(folder, empty_logs=False):
-        return
     root = logging.getLogger()
     for handler in list(root.handlers):
         file = getattr(handler, "baseFilename", None)  # a FileHandler's
@@ -288,21 +249,6 @@ def _remove_unused(folder: Path) -> None:
             root.removeHandler(handler)
             handler.close()
     shutil.rmtree(folder, ignore_errors=True)
-
-
-def _in_sweep() -> bool:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-
-def _to_log_files(text: str) -> None:
-    """The traceback, into the run's log file (<run dir>/train.log) and not onto the console."""
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
-            handler.stream.write(text)
-            handler.flush()
 
 
 def _say_error(line: str) -> None:

@@ -22,43 +22,35 @@ def wandb_has_credentials() -> bool:
     import netrc
 
     try:
-        hosts = netrc.netrc().hosts
-    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return any("wandb" in host for host in netrc.netrc().hosts)
+    except (OSError, netrc.NetrcParseError):
         return False
-    return any("wandb" in host for host in hosts)
 
 
 class WandbLogger(_LightningWandbLogger):
     """Weights & Biases that never waits for a login: without credentials (or with
     `WANDB_MODE=offline`) it logs offline, says so once, and names the `wandb sync` command that
-    uploads the run later. (Jobs of one sweep share a group: conf/logger/wandb.yaml gives
-    `group` the config's `sweep_name`.)"""
+    uploads the run later. A resumed run (`resume_from`: its ckpt_path) goes on in the newest
+    wandb run of its folder."""
 
     def __init__(
         self, offline: bool | None = None, resume_from: str | None = None, **kwargs: Any
     ) -> None:
         if offline is None:
             offline = os.environ.get("WANDB_MODE") == "offline" or not wandb_has_credentials()
-        if resume_from and not kwargs.get("id"):
-            # A resumed training run (ckpt_path=...) goes on in the wandb run of its folder.
-            run_id = previous_wandb_run(Path(kwargs.get("save_dir") or ".") / "wandb")
-            if run_id:
-                kwargs |= {"id": run_id, "resume": "allow"}
+        save_dir = kwargs.get("save_dir") or "."
+        if resume_from and not kwargs.get("id"):  # wandb's folders: `[offline-]run-<time>-<id>`
+            runs = sorted(
+                Path(save_dir, "wandb").glob("*run-*-*"), key=lambda p: p.name.split("run-", 1)[1]
+            )
+            if runs:
+                kwargs |= {"id": runs[-1].name.rsplit("-", 1)[1], "resume": "allow"}
         super().__init__(offline=offline, **kwargs)
         if offline:
-            save_dir = kwargs.get("save_dir") or "."
             log.info(
-                "wandb: no API key, logging offline into %s/wandb; upload later with "
-                "`wandb sync %s/wandb/offline-run-*`",
-                save_dir,
-                save_dir,
+                f"wandb: no API key, logging offline into {save_dir}/wandb; upload later with "
+                f"`wandb sync {save_dir}/wandb/offline-run-*`"
             )
-
-
-def previous_wandb_run(wandb_dir: Path) -> str | None:
-    """The id of the newest wandb run in `wandb_dir` (folders `[offline-]run-<time>-<id>`)."""
-    runs = sorted(wandb_dir.glob("*run-*-*"), key=lambda p: p.name.split("run-", 1)[1])
-    return runs[-1].name.rsplit("-", 1)[1] if runs else None
 
 
 class CSVLogger(_LightningCSVLogger):
