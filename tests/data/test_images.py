@@ -15,7 +15,6 @@ from litforge.data.images import (
     fit,
     normalize,
 )
-from litforge.streaming.samples import check_decodes, shard_sample
 
 
 def encoded(array: np.ndarray, fmt: str, **kwargs) -> bytes:
@@ -64,21 +63,6 @@ def test_broken_bytes_are_a_bad_image():
     for data in (b"not an image at all", png[: len(png) // 2]):
         with pytest.raises(BadImageError):
             decode(data, 3)
-        with pytest.raises(BadImageError):
-            check_decodes(data)
-    check_decodes(png)  # a good one passes
-
-
-def test_shard_sample_keeps_the_bytes_and_reports_bad_files(tmp_path):
-    good, bad = tmp_path / "good.png", tmp_path / "bad.jpg"
-    good.write_bytes(encoded(RGB, "PNG"))
-    bad.write_bytes(b"\xff\xd8 truncated jpeg")
-    reports = tmp_path / "reports"
-    reports.mkdir()
-    assert shard_sample((str(good), 4), str(reports)) == {"image": good.read_bytes(), "label": 4}
-    assert shard_sample((str(bad), 1), str(reports)) is None
-    [report] = reports.iterdir()
-    assert str(bad) in report.read_text()
 
 
 def test_fit_resizes_the_shorter_side_and_keeps_the_center():

@@ -3,7 +3,7 @@ network (`parallelize.split`) run by one of torch.distributed.pipelining's sched
 
 Each batch is cut into `strategy.microbatches` slices that flow through the stages one after
 another, so that all stages work at once after the first few. The schedule runs the backward
-pass itself (`strategies.ModelParallelStrategy.training_step`, in place of Lightning's).
+pass itself (`strategy.ModelParallelStrategy.training_step`, in place of Lightning's).
 Gradients are averaged over the microbatches: a step equals one process accumulating the same
 microbatches.
 
