@@ -101,9 +101,8 @@ class CIFAR10DataModule(InMemoryImageDataModule):
 
     def load_split(self, directory: Path, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
         folder = directory / FOLDER
-        batches = [
-            read_batch(folder / name) for name in (TRAIN_BATCHES if train else ("test_batch",))
-        ]
+        names = TRAIN_BATCHES if train else ("test_batch",)
+        batches = [read_batch(folder / name) for name in names]
         images = np.concatenate([images for images, _ in batches])
         labels = np.concatenate([labels for _, labels in batches])
         return torch.from_numpy(images).contiguous(), torch.from_numpy(labels).long()

@@ -25,7 +25,7 @@ class IDXFormatError(UserError):
 
 
 def read_idx(path: str | Path) -> torch.Tensor:
-    """Read an IDX file of uint8 values (plain or `.gz`) into a tensor of its stored shape."""
+    """An IDX file of uint8 values (plain or `.gz`) as a tensor of its stored shape."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     try:

@@ -4,14 +4,12 @@
     DIR/val/<class>/<image>       optional: else carved from train (stratified, seeded)
     DIR/test/<class>/<image>      optional: likewise
 
-Nothing is held in memory but the file list: worker processes read and decode a batch's files
-each epoch (`images.SampleTransform`), batches travel as uint8 and are normalized on the training
-device. So this is also the path to copy for data that does not fit in memory; for data that does
-not fit on one disk, see `litforge.streaming`.
+Only the file list is held in memory: worker processes decode a batch's files each epoch
+(`images.SampleTransform`); batches travel as uint8, normalized on the training device. So this
+is the path to copy for data that does not fit in memory (nor on one disk: `litforge.streaming`).
 
-Everything that can be wrong with the folder stops the run in `inspect()`, before the model is
-built. A file that does not decode stops it when met, naming the file (`on_bad_file="error"`), or
-is left out of its batch and counted (`"skip"`).
+Whatever is wrong with the folder stops the run in `inspect()`, before the model is built. A file
+that does not decode stops it when met (`on_bad_file="error"`) or is left out and counted ("skip").
 """
 
 from __future__ import annotations
@@ -66,7 +64,6 @@ def cannot_decode(bad: str, skip_option: str = "data.on_bad_file=skip") -> UserE
 
 
 def scan_split(folder: Path) -> Files:
-    """`folder/<class>/<image>` as {class: sorted files}."""
     with os.scandir(folder) as entries:
         entries = sorted(entries, key=lambda e: e.name)
     stray = [e.name for e in entries if is_image(e)]
@@ -90,8 +87,8 @@ def scan_split(folder: Path) -> Files:
 
 
 def scan(root: Path, named: str) -> dict[str, Files]:
-    """Every split folder under `root` (`named` in messages): a train split with images, and no
-    class in val/test that train lacks."""
+    """The split folders under `root` (`named` in messages), checked: train has images, and no
+    class that train lacks."""
     if not root.is_dir():
         raise UserError(
             f"{named} is no folder. Point it at a folder holding train/<class>/<image> files."
@@ -244,8 +241,7 @@ class FileBatchLoader(ResumesMidEpoch):
 
 
 def class_weights(counts: list[int]) -> list[float]:
-    """Loss weights inversely proportional to the class counts; a class with the average count
-    weighs 1."""
+    """Loss weights inverse to the class counts; a class of the average count weighs 1."""
     total, k = sum(counts), len(counts)
     return [round(total / (k * max(n, 1)), 6) for n in counts]
 
@@ -253,8 +249,7 @@ def class_weights(counts: list[int]) -> list[float]:
 def check_image_arguments(
     batch_size, image_size, channels, crop_scale, mean, std, num_workers, balance
 ) -> tuple[float, float] | None:
-    """ValueError naming the first argument that cannot work (image_folder's and streaming's
-    alike); returns `crop_scale` as a tuple."""
+    """ValueError on the first argument that cannot work (image_folder's and streaming's)."""
     for problem in (
         number_problem("batch_size", batch_size, integer=True, minimum=1),
         image_size is not None
@@ -284,12 +279,9 @@ def check_image_arguments(
 
 
 class ImageDataModule(DataModule):
-    """What image folders and streaming shards share once their files are found: the sample
-    transform, per-batch normalization on the training device, class counts and balance.
-    `inspect()` sets `class_names`, `channels`, `image_size`, `mean`, `std` and `train_counts`
-    (images per class in the training split). `seed` (their hparams; the run's, `seed: ${seed}`
-    in their data config) orders each epoch's samples and draws their augmentation (None: 0).
-    """
+    """What image folders and streaming shards share once their files are found. `inspect()`
+    sets `class_names`, `channels`, `image_size`, `mean`, `std` and `train_counts` (images per
+    class in training). `seed` (the run's) orders each epoch's samples and draws augmentation."""
 
     channels: int
     image_size: int

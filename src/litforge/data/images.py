@@ -1,13 +1,10 @@
 """Encoded image files to uint8 tensors, the same way for image folders and streaming shards.
 
-One sample: decode (torchvision's decoders, PIL for the formats they lack), then either fit it to
-`size`×`size` (resize the shorter side, crop the center: evaluation) or cut a random crop and
-resize it (training), and maybe mirror it. Each sample's random numbers come from its own
-generator, seeded by (run seed, epoch, the sample's place in the epoch): the same crops whatever
-the number of worker processes, and again after a resume. Batches stay uint8 until they reach the
-training device (`normalize`): a quarter of the bytes to move, and the float math on the device.
-
-Kept free of Lightning imports: `optimize`'s worker processes import this module.
+Decode (torchvision, PIL for the formats it lacks), then fit to `size`×`size` (evaluation) or
+crop at random and resize (training), maybe mirrored. Each sample's random numbers come from its
+own generator, seeded by (run seed, epoch, place in the epoch): the same crops for any number of
+workers, and after a resume. Batches stay uint8 until the training device (`normalize`): a
+quarter of the bytes to move. No Lightning imports: `optimize`'s worker processes import this.
 """
 
 from __future__ import annotations
@@ -29,9 +26,8 @@ class BadImageError(ValueError):
     """The bytes are no image that torchvision or PIL can decode."""
 
 
-# torchvision 0.29 deprecates its decoders for TorchCodec's, saying so on every call. They are
-# 1.5-3x faster than PIL's here (a 28x28 PNG: 20 vs 64 us; a 224x224 JPEG: 0.55 vs 0.83 ms), so
-# they stay first while they exist, and PIL does the rest (and everything once they are gone).
+# torchvision 0.29 deprecates its decoders (a warning each call), but they are 1.5-3x faster than
+# PIL's here (28x28 PNG: 20 vs 64 us; 224x224 JPEG: 0.55 vs 0.83 ms): first while they exist.
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of Torch")
 
 

@@ -15,21 +15,12 @@ import torch
 
 
 class EpochShuffler:
-    """Which sample indices this process takes in an epoch.
-
-    Like `torch.utils.data.DistributedSampler`: one permutation per epoch, the same on every
-    process (seeded by `seed` and the epoch), padded by wrapping around so that each of
-    `num_replicas` processes gets the same number of samples; process `rank` takes every
-    `num_replicas`-th index. `pad=False` leaves the shards uneven instead (evaluation: no sample is
-    counted twice). Lightning calls `set_epoch` before each epoch, resumed runs included.
-
-    `seed` is the run's (the config's `seed`, which the data configs hand the datamodule as
-    `data.seed`; None: 0): every process of a run gets the same config, so all draw the same
-    permutation.
-
-    `weights` (one per sample): draw the epoch's `num_samples` indices with replacement, in
-    proportion to them (a class-balanced sampler gives each sample 1 / its class's count).
-    """
+    """Which sample indices this process takes in an epoch, as `DistributedSampler` picks them:
+    one permutation per epoch seeded by the run's `seed` and the epoch (so the same on every
+    process), padded by wrapping around so each process gets as many; `pad=False` leaves the
+    shards uneven (evaluation: no sample counted twice). Lightning calls `set_epoch` before each
+    epoch, resumed runs included. `weights` (one per sample): draw with replacement in proportion
+    to them (class-balanced: 1 / the sample's class count)."""
 
     def __init__(
         self,
@@ -71,11 +62,8 @@ class EpochShuffler:
 
 
 class BatchAugment:
-    """Train-time augmentation of a whole batch of normalized images (N×C×H×W).
-
-    `crop_padding`: pad each side by this many pixels with black, then crop back to the original
-    size at a random offset per image. `horizontal_flip`: mirror half of the images.
-    """
+    """Train-time augmentation of a batch of normalized images: pad by `crop_padding` black
+    pixels, crop back at a random offset per image; mirror half of them with `horizontal_flip`."""
 
     def __init__(
         self, crop_padding: int, horizontal_flip: bool, black: torch.Tensor | Sequence[float]
@@ -116,10 +104,8 @@ class BatchAugment:
 
 
 class ResumesMidEpoch:
-    """The loader state Lightning saves in checkpoints and restores: a run stopped mid-epoch goes
-    on with the next batch of the same epoch instead of starting the epoch over. A loader with
-    an `EpochShuffler` as `sampler` calls `start_epoch()` when iterated, then counts each batch
-    it hands out in `handed_out`."""
+    """The loader state Lightning checkpoints: a run stopped mid-epoch goes on with the next batch
+    of the same epoch. `__iter__` calls `start_epoch()`, then counts batches in `handed_out`."""
 
     sampler: EpochShuffler
     handed_out = 0  # batches of the current epoch
@@ -144,15 +130,10 @@ class ResumesMidEpoch:
 
 
 class TensorBatchLoader(ResumesMidEpoch):
-    """An iterable of (images, labels) batches for Lightning, from tensors on one device.
+    """(images, labels) batches for Lightning from tensors on one device: uint8 images are
+    normalized per batch (cheap on a GPU), float32 ones come normalized (cheaper on a CPU)."""
 
-    `images` are uint8 (normalized per batch with `mean`/`std`, the cheap choice on a GPU) or
-    float32 already normalized (the cheap choice on a CPU, where per-batch normalization costs
-    measurable time).
-    """
-
-    # Lightning looks for `sampler.set_epoch` (called each epoch) and inspects `batch_sampler`.
-    batch_sampler = None
+    batch_sampler = None  # Lightning inspects it, and calls `sampler.set_epoch` each epoch
 
     def __init__(
         self,
