@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 
 
 class _Speed(ProgressColumn):
-    """Batches a second. Lightning's column shows `0.00it/s` whenever rich has no estimate (fewer
-    than two redraws in its window, and every finished bar): the mean since the start stands in."""
+    """Batches a second; the mean since the start where rich has no estimate (under two redraws
+    in its window, every finished bar), for which Lightning's column shows `0.00it/s`."""
 
     def render(self, task: Task) -> Text:
         speed = task.finished_speed or task.speed
@@ -41,13 +41,10 @@ class _Speed(ProgressColumn):
 
 
 class RichProgressBar(_LightningRichProgressBar):
-    """Lightning's rich progress bar, redrawn every `refresh_rate` batches (other ranks than 0 skip
-    it all): Lightning's (2.6.6; Lightning #13937, #20300) reads the metrics and redraws after
-    every batch, ~1 ms a step on a CPU.
-
-    Its training statistics are this epoch's so far (`EpochStatistics.running()`; this process's
-    batches): the logged `train/loss` stays the previous epoch's until after the bar's last redraw.
-    """
+    """Lightning's rich progress bar, redrawn every `refresh_rate` batches on rank 0 only:
+    Lightning's (2.6.6; Lightning #13937, #20300) redraws after every batch, ~1 ms a step on a CPU.
+    Training statistics are this epoch's so far (`EpochStatistics.running()`, this process's):
+    the logged `train/loss` stays the previous epoch's until after the bar's last redraw."""
 
     def __init__(self, refresh_rate: int = 20, **kwargs: Any) -> None:
         super().__init__(refresh_rate=refresh_rate, **kwargs)
@@ -120,10 +117,9 @@ class LogRunConfig(L.Callback):
         replicas = (trainer.distributed_sampler_kwargs or {}).get("num_replicas", 1)
         total = per_device * replicas * trainer.accumulate_grad_batches
         if trainer.is_global_zero and stage == "fit":
-            accumulated = trainer.accumulate_grad_batches
             log.info(
                 f"Batch size: {per_device} per process x {replicas} data-parallel process(es) "
-                f"x {accumulated} accumulated = {total}"
+                f"x {trainer.accumulate_grad_batches} accumulated = {total}"
             )
         config = {**self.config, "batch_size": {"per_device": per_device, "global": total}}
         for logger in trainer.loggers:
@@ -174,13 +170,11 @@ class StopOnNonFiniteLoss(L.Callback):
 
 class EpochStatistics(L.Callback):
     """Logs `<prefix><name>` for each value a training step returns (`loss`, and the others of
-    `ClassificationModule.step_statistics`), averaged over the epoch's samples on all processes;
-    and on the steps the loggers write, the step's own as `<prefix><name>_step`.
-
-    A step adds its values times its batch size (or its own `batch_size`; 0: nothing to count) to
-    one tensor of sums on the device: microseconds, where `self.log(..., on_epoch=True)` costs
-    ~0.25 ms a value on a CPU. Checkpoints keep the sums: a resumed epoch logs the same.
-    """
+    `ClassificationModule.step_statistics`) averaged over the epoch's samples on all processes,
+    and `<prefix><name>_step` on the steps the loggers write. A step adds its values times its
+    batch size (or its `batch_size`; 0: nothing to count) to one tensor of sums on the device:
+    microseconds, where `self.log(..., on_epoch=True)` costs ~0.25 ms a value on a CPU.
+    Checkpoints keep the sums: a resumed epoch logs the same."""
 
     def __init__(self, prefix: str = "train/") -> None:
         self.prefix = prefix
@@ -251,13 +245,10 @@ class EpochStatistics(L.Callback):
 
 class ClassificationPlots(L.Callback):
     """`<dirpath>/curves.png` (loss and accuracy per epoch) after training and
-    `<dirpath>/confusion_matrix.png` after testing, on rank 0; also sent to TensorBoard and W&B
-    when they log. The epochs are recorded here (no logger needed) and kept in checkpoints.
-
-    An epoch's statistics may be logged after this callback's `on_train_epoch_end` (by the module
-    or a later callback): the epoch is read at the next chance (the next epoch's start, the end
-    of training, a checkpoint).
-    """
+    `<dirpath>/confusion_matrix.png` after testing, on rank 0, also to TensorBoard and W&B when
+    they log. Epochs are recorded here (no logger needed) and kept in checkpoints. An epoch's
+    statistics may be logged after this `on_train_epoch_end` (by the module or a later callback),
+    so they are read at the next chance (next epoch's start, training's end, a checkpoint)."""
 
     NAMES = ("train/loss", "train/acc", "val/loss", "val/acc")
 

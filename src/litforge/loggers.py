@@ -29,9 +29,8 @@ def wandb_has_credentials() -> bool:
 
 class WandbLogger(_LightningWandbLogger):
     """Weights & Biases that never waits for a login: without credentials (or with
-    `WANDB_MODE=offline`) it logs offline, says so once, and names the `wandb sync` command that
-    uploads the run later. A resumed run (`resume_from`: its ckpt_path) goes on in the newest
-    wandb run of its folder."""
+    `WANDB_MODE=offline`) it logs offline and names the `wandb sync` command to upload later.
+    A resumed run (`resume_from`: its ckpt_path) goes on in the newest wandb run of its folder."""
 
     def __init__(
         self, offline: bool | None = None, resume_from: str | None = None, **kwargs: Any
@@ -54,9 +53,8 @@ class WandbLogger(_LightningWandbLogger):
 
 
 class CSVLogger(_LightningCSVLogger):
-    """Lightning's CSV logger; a resumed run (`resume_from`: its ckpt_path) appends to the
-    metrics.csv of its folder, which Lightning's deletes (by design since 2.2.1: Lightning
-    #19446)."""
+    """A resumed run (`resume_from`: its ckpt_path) appends to its folder's metrics.csv, which
+    Lightning's deletes (by design since 2.2.1: Lightning #19446)."""
 
     def __init__(self, *args: Any, resume_from: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

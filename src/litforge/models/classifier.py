@@ -24,9 +24,9 @@ from litforge.models import NETWORKS, OPTIMIZERS
 
 
 def check_buildable(config: Any, key: str, allowed: Sequence[str], prefix: bool = False) -> None:
-    """A UserError unless `config` builds one of `allowed` (`prefix`: a name starting with one of
-    them) from plain values: no nested `_target_`, no `${...}` (a resolver such as `oc.decode`
-    could make one). For configs from Hydra and from checkpoints (see models/__init__.py)."""
+    """A UserError unless `config` builds one of `allowed` (`prefix`: a name starting with one)
+    from plain values: no nested `_target_`, no `${...}` (a resolver such as `oc.decode` could
+    make one). See models/__init__.py."""
     if config is None:
         return
     config = _plain(config)
@@ -70,15 +70,11 @@ def _plain(config: Any) -> Any:
 
 
 class ClassificationModule(L.LightningModule):
-    """Cross-entropy training of `net` with TorchMetrics evaluation.
-
-    `net`, `optimizer` and `scheduler` are Hydra configs (the latter two `_partial_: true`), kept
-    as plain dicts: `load_from_checkpoint(path, weights_only=True)` rebuilds the model without
-    Hydra and without unpickling code.
-
-    Logged: `{train,val,test}/loss`, `/acc`, `val|test/f1` (macro), `val|test/acc_balanced`
-    (the mean of the per-class recalls, for imbalanced classes), `val/acc_best`.
-    """
+    """Cross-entropy training of `net` with TorchMetrics evaluation. `net`, `optimizer` and
+    `scheduler` are Hydra configs (the latter two `_partial_: true`) kept as plain dicts:
+    `load_from_checkpoint(path, weights_only=True)` rebuilds the model without Hydra or pickles.
+    Logged: `{train,val,test}/loss`, `/acc`, `val|test/f1` (macro), `val|test/acc_balanced` (the
+    mean of the per-class recalls, for imbalanced classes), `val/acc_best`."""
 
     def __init__(
         self,
@@ -154,8 +150,7 @@ class ClassificationModule(L.LightningModule):
         return [EpochStatistics()]
 
     def configure_model(self) -> None:
-        # Lightning calls this on every run (fit, test, ...), once the strategy is set up.
-        if getattr(self, "_configured", False):
+        if getattr(self, "_configured", False):  # Lightning calls this on every run
             return
         self._configured = True
         if self.hparams.channels_last:  # NHWC weights: ~1.6x faster convolutions on CPUs
@@ -193,7 +188,6 @@ class ClassificationModule(L.LightningModule):
         self.update_metrics("test", self(x), y)
 
     def update_metrics(self, stage: str, logits: torch.Tensor, y: torch.Tensor) -> None:
-        """Count a batch's logits into the `stage` ("val" or "test") metrics."""
         loss = F.cross_entropy(logits, y)
         if stage == "val":
             self.val_loss.update(loss, weight=len(y))
