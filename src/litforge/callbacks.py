@@ -30,8 +30,7 @@ log = logging.getLogger(__name__)
 
 
 class _Speed(ProgressColumn):
-    """Batches a second; the mean since the start where rich has no estimate (under two redraws
-    in its window, every finished bar), for which Lightning's column shows `0.00it/s`."""
+    """Batches a second; the mean since the start where rich has none (Lightning's: `0.00it/s`)."""
 
     def render(self, task: Task) -> Text:
         speed = task.finished_speed or task.speed
@@ -41,10 +40,9 @@ class _Speed(ProgressColumn):
 
 
 class RichProgressBar(_LightningRichProgressBar):
-    """Lightning's rich progress bar, redrawn every `refresh_rate` batches on rank 0 only:
-    Lightning's (2.6.6; Lightning #13937, #20300) redraws after every batch, ~1 ms a step on a CPU.
-    Training statistics are this epoch's so far (`EpochStatistics.running()`, this process's):
-    the logged `train/loss` stays the previous epoch's until after the bar's last redraw."""
+    """Redrawn every `refresh_rate` batches on rank 0 only: Lightning's (2.6.6; Lightning #13937,
+    #20300) redraws after every batch, ~1 ms a step on a CPU. Training statistics: this epoch's so
+    far (`EpochStatistics.running()`), as the logged ones stay the previous epoch's."""
 
     def __init__(self, refresh_rate: int = 20, **kwargs: Any) -> None:
         super().__init__(refresh_rate=refresh_rate, **kwargs)
@@ -82,9 +80,8 @@ class RichProgressBar(_LightningRichProgressBar):
 
 
 class RichModelSummary(_LightningRichModelSummary):
-    """Lightning's model summary, without the FLOPs column and `Total FLOPs: 0` where nothing
-    was counted: Lightning counts FLOPs only with a forward pass on the module's
-    `example_input_array`, which the pipeline sets only for a logger's graph."""
+    """Without the FLOPs column and `Total FLOPs: 0` where none were counted: Lightning counts
+    them only on an `example_input_array`, which the pipeline sets only for a logger's graph."""
 
     @staticmethod
     def summarize(*args: Any, total_flops: int, **kwargs: Any) -> None:
@@ -127,9 +124,8 @@ class LogRunConfig(L.Callback):
 
 
 class LearningRateMonitor(_LightningLearningRateMonitor):
-    """Lightning's, which logs `logging_interval: epoch` rates when an epoch starts. An epoch
-    resumed mid-way has no start: its rates go into the run's metrics (metrics.json, the progress
-    bar) but not the logs, where the run it continues wrote them."""
+    """Lightning's logs `logging_interval: epoch` rates at an epoch's start, which an epoch
+    resumed mid-way lacks: its rates go into the run's metrics, not the logs (already there)."""
 
     _epoch_seen = -1
 
@@ -145,8 +141,7 @@ class LearningRateMonitor(_LightningLearningRateMonitor):
 
 
 class StopOnNonFiniteLoss(L.Callback):
-    """Stop training at the first step whose loss is NaN or infinite, saying where; the
-    checkpoints of earlier epochs stay as they were (nothing is saved from broken weights)."""
+    """Stop at the first NaN or infinite loss, saying where; earlier checkpoints stay untouched."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
@@ -171,10 +166,9 @@ class StopOnNonFiniteLoss(L.Callback):
 class EpochStatistics(L.Callback):
     """Logs `<prefix><name>` for each value a training step returns (`loss`, and the others of
     `ClassificationModule.step_statistics`) averaged over the epoch's samples on all processes,
-    and `<prefix><name>_step` on the steps the loggers write. A step adds its values times its
-    batch size (or its `batch_size`; 0: nothing to count) to one tensor of sums on the device:
-    microseconds, where `self.log(..., on_epoch=True)` costs ~0.25 ms a value on a CPU.
-    Checkpoints keep the sums: a resumed epoch logs the same."""
+    and `<prefix><name>_step` on the steps the loggers write. Sums weighted by batch size (or a
+    returned `batch_size`; 0: nothing to count) in one tensor on the device cost microseconds, where
+    `self.log(..., on_epoch=True)` costs ~0.25 ms a value on a CPU; checkpoints keep them."""
 
     def __init__(self, prefix: str = "train/") -> None:
         self.prefix = prefix
@@ -245,10 +239,9 @@ class EpochStatistics(L.Callback):
 
 class ClassificationPlots(L.Callback):
     """`<dirpath>/curves.png` (loss and accuracy per epoch) after training and
-    `<dirpath>/confusion_matrix.png` after testing, on rank 0, also to TensorBoard and W&B when
-    they log. Epochs are recorded here (no logger needed) and kept in checkpoints. An epoch's
-    statistics may be logged after this `on_train_epoch_end` (by the module or a later callback),
-    so they are read at the next chance (next epoch's start, training's end, a checkpoint)."""
+    `<dirpath>/confusion_matrix.png` after testing, on rank 0, also to TensorBoard and W&B. Epochs
+    are recorded here (no logger needed), kept in checkpoints, and read at the first chance after
+    `on_train_epoch_end` (later hooks may log them): next epoch's start, train end, a checkpoint."""
 
     NAMES = ("train/loss", "train/acc", "val/loss", "val/acc")
 

@@ -109,8 +109,7 @@ def one_line(err: BaseException) -> str | None:
 
 
 def _missing_value(key: str) -> str:
-    """`key` is `???` in the config: say so, with what belongs there as the option's YAML file
-    says it (the comment on that line)."""
+    """`key` is `???`: say so, with what belongs there (the comment on its line in the YAML)."""
     group, _, leaf = key.partition(".")
     where = meaning = ""
     with contextlib.suppress(Exception):  # outside a Hydra run: the key alone
@@ -137,11 +136,10 @@ def _full_error() -> bool:  # the user asked for tracebacks (HYDRA_FULL_ERROR=1)
 
 
 def one_line_errors(main):
-    """Decorate an entry point's `main`, above `@hydra.main`: a mistake Hydra finds (an override
-    it cannot parse, an unknown option or key) ends in one `error:` line too. Hydra hands its
-    errors on only with HYDRA_FULL_ERROR set (no hook in hydra 1.3; hydra #3361), so while `main`
-    runs it is 1, and the processes it starts (DDP's, a sweep's jobs) find the user's own choice
-    in LITFORGE_FULL_ERROR. Both are put back when `main` ends."""
+    """Decorate an entry point's `main`, above `@hydra.main`: a mistake Hydra finds ends in one
+    `error:` line too. Hydra hands its errors on only with HYDRA_FULL_ERROR set (no hook in hydra
+    1.3; hydra #3361), so while `main` runs it is 1, and the processes it starts find the user's
+    own choice in LITFORGE_FULL_ERROR."""
 
     @functools.wraps(main)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -165,9 +163,8 @@ def one_line_errors(main):
 
 
 def reported(task):
-    """Decorate an entry point's task, under `@hydra.main`: a mistake of the user's (`one_line`)
-    ends in one `error:` line (the traceback: in the run's log file) and exit status 1, and the
-    run folder goes if the run wrote nothing there but Hydra's files and logs."""
+    """Decorate an entry point's task, under `@hydra.main`: a mistake of the user's ends in one
+    `error:` line (the traceback: in the log file), and an empty run folder goes."""
 
     @functools.wraps(task)
     def run(cfg: Any) -> Any:
@@ -175,8 +172,7 @@ def reported(task):
         try:
             return task(cfg)
         except Exception as err:
-            # HYDRA_FULL_ERROR=1: the run folder stays, with the traceback in its log. In a sweep
-            # of Hydra's basic launcher: a failed job, which Hydra records.
+            # Full errors: the folder stays, traceback in its log; sweeps: Hydra records a failure.
             if _full_error() or (line := one_line(err)) is None or _hydra_mode() == "MULTIRUN":
                 raise
             for handler in logging.getLogger().handlers:  # the traceback: in train.log only
@@ -243,7 +239,6 @@ def _remove(folder: Path) -> None:
 
 
 def _say_error(line: str) -> None:
-    # One write with its newline: `print` writes the newline apart, and unbuffered (as under
-    # PYTHONUNBUFFERED=1) another process of the job can write its own line in between.
+    # One write: `print` writes the newline apart, and unbuffered another process can cut in.
     sys.stderr.write(f"error: {line}\n")
     sys.stderr.flush()

@@ -28,9 +28,8 @@ def wandb_has_credentials() -> bool:
 
 
 class WandbLogger(_LightningWandbLogger):
-    """Weights & Biases that never waits for a login: without credentials (or with
-    `WANDB_MODE=offline`) it logs offline and names the `wandb sync` command to upload later.
-    A resumed run (`resume_from`: its ckpt_path) goes on in the newest wandb run of its folder."""
+    """Never waits for a login: offline without credentials (or `WANDB_MODE=offline`), naming the
+    `wandb sync` command. A resumed run (`resume_from`) goes on in its folder's newest wandb run."""
 
     def __init__(
         self, offline: bool | None = None, resume_from: str | None = None, **kwargs: Any

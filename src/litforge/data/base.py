@@ -1,12 +1,9 @@
-"""`DataModule`: what every datamodule gives the pipeline. `InMemoryImageDataModule`: image
-datasets that fit in memory. A subclass says how to read its files (`load_split`) and what the
-data is (`source`, `input_shape`, `class_names`, `mean`, `std`); the rest is shared: find or
-download the files, decode them once into uint8 tensors (cached in the data dir), carve a seeded
-validation split, and serve whole batches from tensors on the training device
-(`TensorBatchLoader`: no workers). Data that does not fit in memory: copy `image_folder.py`.
-
-`seed` (the run's) orders each epoch's samples and draws the augmentation; `split_seed` alone
-carves the validation split, which stays put while seeds vary.
+"""`DataModule`: what every datamodule gives the pipeline. `InMemoryImageDataModule`: datasets
+that fit in memory, whose subclass says how to read its files (`load_split`) and what the data is
+(`source`, `input_shape`, `class_names`, `mean`, `std`). The rest is shared: find or download the
+files, decode them once to uint8 tensors (cached), carve a validation split (seeded by
+`split_seed` alone: it stays put while run seeds vary), and serve whole batches from tensors on
+the training device (`TensorBatchLoader`, no workers). Data that does not fit: `image_folder.py`.
 """
 
 from __future__ import annotations

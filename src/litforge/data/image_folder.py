@@ -7,7 +7,6 @@
 Only the file list is held in memory: worker processes decode a batch's files each epoch
 (`images.SampleTransform`); batches travel as uint8, normalized on the training device. So this
 is the path to copy for data that does not fit in memory (nor on one disk: `litforge.streaming`).
-
 Whatever is wrong with the folder stops the run in `inspect()`, before the model is built. A file
 that does not decode stops it when met (`on_bad_file="error"`) or is left out and counted ("skip").
 """
@@ -87,8 +86,7 @@ def scan_split(folder: Path) -> Files:
 
 
 def scan(root: Path, named: str) -> dict[str, Files]:
-    """The split folders under `root` (`named` in messages), checked: train has images, and no
-    class that train lacks."""
+    """The split folders under `root` (`named` in messages), each class one that train has."""
     if not root.is_dir():
         raise UserError(
             f"{named} is no folder. Point it at a folder holding train/<class>/<image> files."
@@ -137,9 +135,8 @@ def carve(files: Files, fractions: dict[str, float], seed: int) -> dict[str, Fil
 
 
 class ImageFiles(Dataset):
-    """Image files with labels, fetched a batch at a time (`__getitems__`, given `(epoch, first
-    key, indices)`, the keys numbering the samples of the epoch): uint8 images N×C×S×S, int64
-    labels, and the files that did not decode ("path (reason)")."""
+    """Fetched a batch at a time: `__getitems__((epoch, first key, indices))`, keys numbering the
+    epoch's samples, gives uint8 images, int64 labels and the bad files ("path (reason)")."""
 
     def __init__(self, paths: list[Path], labels: list[int], transform: SampleTransform) -> None:
         self.paths, self.labels, self.transform = paths, labels, transform
@@ -189,8 +186,7 @@ class _EpochBatches:
 
 
 class FileBatchLoader(ResumesMidEpoch):
-    """Batches of decoded files for Lightning: a `DataLoader` over `ImageFiles` in the order of
-    `EpochShuffler` (DistributedSampler semantics), resuming mid-epoch at the next batch."""
+    """Batches of decoded files for Lightning in `EpochShuffler`'s order, resuming mid-epoch."""
 
     batch_sampler = None  # Lightning calls `sampler.set_epoch`; this is no `DataLoader` to rewrap
 
@@ -213,8 +209,7 @@ class FileBatchLoader(ResumesMidEpoch):
             num_workers=num_workers,
             pin_memory=pin_memory,
             persistent_workers=num_workers > 0,
-            # Worker seeds from a generator of its own, not from torch's global one: starting
-            # an epoch must not shift the dropout masks a resumed run draws after it.
+            # Its own generator for worker seeds: a resumed run's dropout masks must not shift.
             generator=torch.Generator(),
         )
         self.skipped = 0  # files that did not decode, this epoch
@@ -280,8 +275,7 @@ def check_image_arguments(
 
 class ImageDataModule(DataModule):
     """What image folders and streaming shards share once their files are found. `inspect()`
-    sets `class_names`, `channels`, `image_size`, `mean`, `std` and `train_counts` (images per
-    class in training). `seed` (the run's) orders each epoch's samples and draws augmentation."""
+    sets `class_names`, `channels`, `image_size`, `mean`, `std`, `train_counts` (per class)."""
 
     channels: int
     image_size: int

@@ -84,7 +84,6 @@ def _decode_with_pil(data: bytes, channels: int | None) -> torch.Tensor:
 
 
 def fit(image: torch.Tensor, size: int) -> torch.Tensor:
-    """Resize the shorter side to `size`, keep the central `size`×`size`."""
     from torchvision.transforms.v2 import functional as F
 
     height, width = image.shape[-2:]
@@ -98,8 +97,7 @@ def fit(image: torch.Tensor, size: int) -> torch.Tensor:
 def random_crop_box(
     height: int, width: int, scale: Sequence[float], generator: torch.Generator
 ) -> tuple[int, int, int, int]:
-    """(top, left, h, w) as torchvision's RandomResizedCrop draws them (a `scale` fraction of the
-    image, aspect ratio 3:4 to 4:3; the whole image if none fits), but from `generator`:
+    """(top, left, h, w) as torchvision's RandomResizedCrop draws them, but from `generator`:
     torchvision's transforms draw from the global generator, which training's dropout uses."""
     area = height * width
     low, high = math.log(3 / 4), math.log(4 / 3)
@@ -107,8 +105,7 @@ def random_crop_box(
         u = torch.rand(4, generator=generator).tolist()
         target = area * (scale[0] + (scale[1] - scale[0]) * u[0])
         ratio = math.exp(low + (high - low) * u[1])
-        w = round(math.sqrt(target * ratio))
-        h = round(math.sqrt(target / ratio))
+        w, h = round(math.sqrt(target * ratio)), round(math.sqrt(target / ratio))
         if 0 < w <= width and 0 < h <= height:
             return int(u[2] * (height - h + 1)), int(u[3] * (width - w + 1)), h, w
     return 0, 0, height, width
@@ -116,9 +113,8 @@ def random_crop_box(
 
 @dataclass(frozen=True)
 class SampleTransform:
-    """An encoded file's bytes (or decoded uint8 pixels) → uint8 `channels`×`size`×`size`.
-    Training: a random crop of a `crop_scale` fraction of the image (None: evaluation's fit),
-    mirrored half the time with `horizontal_flip`. Picklable, for DataLoader worker processes."""
+    """An encoded file's bytes (or decoded uint8 pixels) → uint8 `channels`×`size`×`size`, in
+    training maybe cropped and mirrored. Picklable, for DataLoader worker processes."""
 
     channels: int
     size: int

@@ -1,10 +1,7 @@
-"""Batches straight from tensors held on the training device (the in-memory datasets).
-
-MNIST, Fashion-MNIST and CIFAR-10 fit in memory, so a `DataLoader` that indexes one sample at a
-time and collates them is pure overhead. Here one index tensor per epoch says which samples each
-process takes (the semantics of `DistributedSampler`), and each batch is one gather, then
-normalization and augmentation on the whole batch — on the GPU when the data lives there.
-"""
+"""Batches straight from tensors on the training device, for datasets that fit in memory, where a
+`DataLoader` indexing and collating one sample at a time is pure overhead. One index tensor per
+epoch says which samples each process takes (as `DistributedSampler`); each batch is one gather,
+then normalization and augmentation of the whole batch, on the GPU when the data lives there."""
 
 from __future__ import annotations
 
@@ -15,12 +12,10 @@ import torch
 
 
 class EpochShuffler:
-    """Which sample indices this process takes in an epoch, as `DistributedSampler` picks them:
-    one permutation per epoch seeded by the run's `seed` and the epoch (so the same on every
-    process), padded by wrapping around so each process gets as many; `pad=False` leaves the
-    shards uneven (evaluation: no sample counted twice). Lightning calls `set_epoch` before each
-    epoch, resumed runs included. `weights` (one per sample): draw with replacement in proportion
-    to them (class-balanced: 1 / the sample's class count)."""
+    """This process's sample indices in an epoch, as `DistributedSampler` picks them: one
+    permutation per epoch, the same on every process (the run's `seed`), padded by wrapping
+    around; `pad=False` leaves the shards uneven (evaluation: no sample counted twice). Lightning
+    calls `set_epoch` before each epoch, resumed runs included. `weights`: one per sample."""
 
     def __init__(
         self,
@@ -33,8 +28,7 @@ class EpochShuffler:
         weights: torch.Tensor | None = None,
     ) -> None:
         self.num_samples, self.shuffle, self.pad = num_samples, shuffle, pad
-        self.weights = weights
-        self.num_replicas, self.rank = num_replicas, rank
+        self.num_replicas, self.rank, self.weights = num_replicas, rank, weights
         self.seed = 0 if seed is None else seed
         self.epoch = 0
 
@@ -47,11 +41,10 @@ class EpochShuffler:
         return len(range(self.rank, self.num_samples, self.num_replicas))
 
     def indices(self) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
         if self.weights is not None:
-            generator = torch.Generator().manual_seed(self.seed + self.epoch)
             order = torch.multinomial(self.weights, self.num_samples, True, generator=generator)
         elif self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed + self.epoch)
             order = torch.randperm(self.num_samples, generator=generator)
         else:
             order = torch.arange(self.num_samples)
@@ -112,8 +105,7 @@ class ResumesMidEpoch:
     _resume: dict[str, int] | None = None
 
     def state_dict(self) -> dict[str, int]:
-        # Lightning fetches no batch ahead from a loader with a length: when it saves, every
-        # batch handed out has been trained on.
+        # Lightning fetches no batch ahead of a sized loader: each one handed out was trained on.
         return {"epoch": self.sampler.epoch, "batches": self.handed_out}
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:

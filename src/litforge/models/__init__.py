@@ -1,8 +1,8 @@
 """Networks (plain `nn.Module`s) and the LightningModule that trains them.
 
 A checkpoint stores the configs of its network, optimizer and scheduler, built again when it
-loads. A checkpoint is data, so what it may build is listed here; anything else is refused
-(in the configs you train with too):
+loads: it is data, so what it may build is listed here and anything else is refused (in the
+configs you train with too):
 
 - `NETWORKS`: what `model.net._target_` may name. **Add your own network here.**
 - `OPTIMIZERS`: the module prefixes of what `model.optimizer._target_` and

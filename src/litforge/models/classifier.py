@@ -25,8 +25,7 @@ from litforge.models import NETWORKS, OPTIMIZERS
 
 def check_buildable(config: Any, key: str, allowed: Sequence[str], prefix: bool = False) -> None:
     """A UserError unless `config` builds one of `allowed` (`prefix`: a name starting with one)
-    from plain values: no nested `_target_`, no `${...}` (a resolver such as `oc.decode` could
-    make one). See models/__init__.py."""
+    from plain values: no nested `_target_`, no `${...}` (`oc.decode` could make one)."""
     if config is None:
         return
     config = _plain(config)
@@ -70,11 +69,10 @@ def _plain(config: Any) -> Any:
 
 
 class ClassificationModule(L.LightningModule):
-    """Cross-entropy training of `net` with TorchMetrics evaluation. `net`, `optimizer` and
-    `scheduler` are Hydra configs (the latter two `_partial_: true`) kept as plain dicts:
-    `load_from_checkpoint(path, weights_only=True)` rebuilds the model without Hydra or pickles.
-    Logged: `{train,val,test}/loss`, `/acc`, `val|test/f1` (macro), `val|test/acc_balanced` (the
-    mean of the per-class recalls, for imbalanced classes), `val/acc_best`."""
+    """`net`, `optimizer` and `scheduler` are Hydra configs (the latter two `_partial_: true`) kept
+    as plain dicts: `load_from_checkpoint(path, weights_only=True)` rebuilds without Hydra or
+    pickles. Logged: `{train,val,test}/loss`, `/acc`, `val|test/f1` (macro), `val/acc_best`,
+    `val|test/acc_balanced` (the mean of the per-class recalls, for imbalanced classes)."""
 
     def __init__(
         self,
@@ -119,14 +117,12 @@ class ClassificationModule(L.LightningModule):
             },
             logger=False,  # the pipeline logs the whole resolved run config instead
         )
-        # Not in the checkpoint: a compiled run's checkpoint loads into an eager one, and back.
-        self.compile_net = compile
+        self.compile_net = compile  # not checkpointed: a compiled run's loads into an eager one
         self.net = instantiate(self.hparams.net, input_shape=input_shape, num_classes=num_classes)
         weights = torch.tensor(class_weights, dtype=torch.float32) if class_weights else None
         self.register_buffer("class_weights", weights, persistent=False)
 
-        # Validation and test use TorchMetrics (synced across processes); training statistics
-        # are epoch averages of what training_step returns (callbacks.EpochStatistics).
+        # Synced across processes; training's statistics: callbacks.EpochStatistics.
         metrics = MetricCollection(
             {
                 "acc": MulticlassAccuracy(num_classes, average="micro"),
@@ -163,8 +159,7 @@ class ClassificationModule(L.LightningModule):
         return self.net(x)
 
     def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The training loss. (Validation and test losses stay unweighted: comparable with and
-        without `data.balance=loss`.)"""
+        """The training loss; validation and test stay unweighted, comparable across `balance`."""
         return F.cross_entropy(logits, y, weight=self.class_weights)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int):
@@ -180,12 +175,10 @@ class ClassificationModule(L.LightningModule):
         return {"loss": loss, "acc": (logits.argmax(dim=1) == y).float().mean()}
 
     def validation_step(self, batch, batch_idx: int) -> None:
-        x, y = batch
-        self.update_metrics("val", self(x), y)
+        self.update_metrics("val", self(batch[0]), batch[1])
 
     def test_step(self, batch, batch_idx: int) -> None:
-        x, y = batch
-        self.update_metrics("test", self(x), y)
+        self.update_metrics("test", self(batch[0]), batch[1])
 
     def update_metrics(self, stage: str, logits: torch.Tensor, y: torch.Tensor) -> None:
         loss = F.cross_entropy(logits, y)
@@ -222,8 +215,7 @@ class ClassificationModule(L.LightningModule):
         if not self.hparams.scheduler:
             return {"optimizer": optimizer}
         scheduler_cfg = dict(self.hparams.scheduler)
-        # Lightning's scheduler settings ride along in the same config (`interval`, `frequency`;
-        # `monitor`: what a ReduceLROnPlateau steps on); the rest builds the scheduler.
+        # Lightning's settings (`interval`, `frequency`, `monitor`) ride along in the config.
         lightning_keys = {
             k: scheduler_cfg.pop(k)
             for k in ("interval", "frequency", "monitor")
