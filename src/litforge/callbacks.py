@@ -1,5 +1,4 @@
-"""Callbacks of our own, each listed in conf/callbacks/ (those about checkpoints: in
-`litforge.checkpoints`)."""
+"""Our own callbacks, each in conf/callbacks/ (those about checkpoints: `litforge.checkpoints`)."""
 
 from __future__ import annotations
 
@@ -101,9 +100,8 @@ class RichModelSummary(_LightningRichModelSummary):
 
 
 class LogRunConfig(L.Callback):
-    """Log the whole resolved run config (filled in by the pipeline) to every logger, with the
-    batch size per process and in total (`batch_size.per_device`, `batch_size.global`). In
-    `setup`, after `prepare_data`: a run whose data is missing leaves no logger files."""
+    """Log the resolved run config to every logger, with `batch_size.per_device` and `.global`.
+    In `setup`, after `prepare_data`: a run whose data is missing leaves no logger files."""
 
     def __init__(self, run_config: Mapping[str, Any]) -> None:
         self.config = OmegaConf.to_container(OmegaConf.create(dict(run_config)), resolve=True)
@@ -165,10 +163,10 @@ class StopOnNonFiniteLoss(L.Callback):
 
 class EpochStatistics(L.Callback):
     """Logs `<prefix><name>` for each value a training step returns (`loss`, and the others of
-    `ClassificationModule.step_statistics`) averaged over the epoch's samples on all processes,
-    and `<prefix><name>_step` on the steps the loggers write. Sums weighted by batch size (or a
-    returned `batch_size`; 0: nothing to count) in one tensor on the device cost microseconds, where
-    `self.log(..., on_epoch=True)` costs ~0.25 ms a value on a CPU; checkpoints keep them."""
+    `ClassificationModule.step_statistics`) averaged over the epoch's samples on all processes
+    (a step may return its own `batch_size`; 0: nothing to count), and `<prefix><name>_step` on
+    the steps the loggers write. One tensor of sums on the device: microseconds, where
+    `self.log(..., on_epoch=True)` costs ~0.25 ms a value on a CPU."""
 
     def __init__(self, prefix: str = "train/") -> None:
         self.prefix = prefix

@@ -195,9 +195,8 @@ def _hydra_mode() -> str | None:
 
 
 def _new_run_dir(cfg: Any) -> Path | None:
-    """The run folder if Hydra has just made it (only `.hydra/*.yaml`, an empty log file). None
-    for a sweep's job (the sweep summary lists its folder with its error), in a multi-process
-    job's processes but the first, and for a folder a run goes back into (`ckpt_path=last`)."""
+    """The run folder if Hydra has just made it; None for a sweep's job (the summary lists it),
+    a multi-process job's processes but the first, and a folder reentered (`ckpt_path=last`)."""
     from hydra.core.hydra_config import HydraConfig
 
     # `sweep_name`: a job of the subprocess launcher, which runs it as a single run

@@ -56,8 +56,7 @@ class DataModule(L.LightningDataModule):
 
     def shard(self) -> dict[str, int]:
         """`num_replicas` and `rank` of this process under DDP; empty otherwise."""
-        trainer = self.trainer
-        return (trainer.distributed_sampler_kwargs if trainer is not None else None) or {}
+        return (self.trainer.distributed_sampler_kwargs if self.trainer is not None else None) or {}
 
     def _loader(self, split: str, train: bool):
         raise NotImplementedError

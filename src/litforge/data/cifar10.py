@@ -1,5 +1,4 @@
-"""CIFAR-10: 50k/10k color photos in 10 classes, 3×32×32, in the `cifar-10-batches-py` layout
-(five pickled training batches `data_batch_1..5`, `test_batch`, `batches.meta`)."""
+"""CIFAR-10: 50k/10k color photos in 10 classes, 3×32×32, as pickles (`cifar-10-batches-py`)."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ class CIFARFormatError(UserError):
 
 
 class _ArraysOnly(pickle.Unpickler):
-    """Unpickles numpy arrays, lists, dicts and strings, and nothing else: a pickle is a program,
-    and a file from the internet must not run code here."""
+    """Unpickles arrays, lists, dicts and strings only: a pickle from the internet runs no code."""
 
     ALLOWED = {
         ("numpy.core.multiarray", "_reconstruct"): np.ndarray.__reduce__(np.zeros(0))[0],

@@ -113,8 +113,7 @@ def scan(root: Path, named: str) -> dict[str, Files]:
 
 
 def carve(files: Files, fractions: dict[str, float], seed: int) -> dict[str, Files]:
-    """Split each class's files at random (seeded) into train and the splits in `fractions`
-    ({"val": 0.1}): every class keeps its share in every split (stratified)."""
+    """Carve `fractions` ({"val": 0.1}) of each class's files from train, seeded and stratified."""
     generator = torch.Generator().manual_seed(seed)
     carved: dict[str, Files] = {"train": {}, **{split: {} for split in fractions}}
     for name, paths in files.items():
@@ -409,8 +408,7 @@ class ImageFolderDataModule(ImageDataModule):
         self.log_class_counts()
 
     def _shape_and_stats(self, root: Path) -> tuple[int, int, list[float], list[float]]:
-        """Channels and size (given, or as the sampled training images have them) and the
-        per-channel mean/std (given, cached in `root/.litforge-stats.json`, or computed)."""
+        """Given, cached in `root/.litforge-stats.json`, or from sampled training images."""
         hp = self.hparams
         if None not in (hp.channels, hp.image_size, hp.mean):  # all given (e.g. by eval.py)
             return hp.channels, hp.image_size, hp.mean, hp.std

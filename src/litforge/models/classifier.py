@@ -214,18 +214,14 @@ class ClassificationModule(L.LightningModule):
         optimizer = instantiate(self.hparams.optimizer)(params=self.parameters())
         if not self.hparams.scheduler:
             return {"optimizer": optimizer}
-        scheduler_cfg = dict(self.hparams.scheduler)
-        # Lightning's settings (`interval`, `frequency`, `monitor`) ride along in the config.
-        lightning_keys = {
-            k: scheduler_cfg.pop(k)
-            for k in ("interval", "frequency", "monitor")
-            if k in scheduler_cfg
-        }
-        scheduler = instantiate(scheduler_cfg)(optimizer=optimizer)
-        if isinstance(scheduler, ReduceLROnPlateau) and not lightning_keys.get("monitor"):
+        config = dict(self.hparams.scheduler)
+        # Lightning's settings ride along in the config; the rest builds the scheduler.
+        settings = {k: config.pop(k) for k in ("interval", "frequency", "monitor") if k in config}
+        scheduler = instantiate(config)(optimizer=optimizer)
+        if isinstance(scheduler, ReduceLROnPlateau) and not settings.get("monitor"):
             raise UserError(
                 "model.scheduler: ReduceLROnPlateau steps on a logged metric, and "
                 "model.scheduler.monitor is not set. Add +model.scheduler.monitor=val/loss "
                 "(or another metric the run logs)."
             )
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, **lightning_keys}}
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, **settings}}
