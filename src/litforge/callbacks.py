@@ -61,9 +61,8 @@ class RichProgressBar(_LightningRichProgressBar):
 
     def _due(self, batch_idx: int, total: Callable[[], int | float]) -> bool:
         # `total` is read on rank 0 only: elsewhere Lightning never sets up what it reads.
-        return self.is_enabled and (
-            (batch_idx + 1) % self.refresh_rate == 0 or batch_idx + 1 >= total()
-        )
+        n = batch_idx + 1
+        return self.is_enabled and (n % self.refresh_rate == 0 or n >= total())
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._due(batch_idx, lambda: self.total_train_batches):
@@ -236,10 +235,9 @@ class EpochStatistics(L.Callback):
 
 
 class ClassificationPlots(L.Callback):
-    """`<dirpath>/curves.png` (loss and accuracy per epoch) after training and
-    `<dirpath>/confusion_matrix.png` after testing, on rank 0, also to TensorBoard and W&B. Epochs
-    are recorded here (no logger needed), kept in checkpoints, and read at the first chance after
-    `on_train_epoch_end` (later hooks may log them): next epoch's start, train end, a checkpoint."""
+    """`<dirpath>/curves.png` after training, `<dirpath>/confusion_matrix.png` after testing (rank
+    0; also to TensorBoard, W&B). Epochs are recorded here (no logger needed), kept in checkpoints,
+    and read at the first chance after `on_train_epoch_end`, as later hooks may still log them."""
 
     NAMES = ("train/loss", "train/acc", "val/loss", "val/acc")
 

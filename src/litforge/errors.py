@@ -137,9 +137,8 @@ def _full_error() -> bool:  # the user asked for tracebacks (HYDRA_FULL_ERROR=1)
 
 def one_line_errors(main):
     """Decorate an entry point's `main`, above `@hydra.main`: a mistake Hydra finds ends in one
-    `error:` line too. Hydra hands its errors on only with HYDRA_FULL_ERROR set (no hook in hydra
-    1.3; hydra #3361), so while `main` runs it is 1, and the processes it starts find the user's
-    own choice in LITFORGE_FULL_ERROR."""
+    `error:` line too. Hydra hands its errors on only with HYDRA_FULL_ERROR set (hydra #3361), so
+    it is 1 while `main` runs; processes it starts find the user's own in LITFORGE_FULL_ERROR."""
 
     @functools.wraps(main)
     def run(*args: Any, **kwargs: Any) -> Any:

@@ -22,7 +22,6 @@ class IDXFormatError(UserError):
 
 
 def read_idx(path: str | Path) -> torch.Tensor:
-    """An IDX file of uint8 values (plain or `.gz`) as a tensor of its stored shape."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     try:

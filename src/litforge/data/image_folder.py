@@ -4,11 +4,10 @@
     DIR/val/<class>/<image>       optional: else carved from train (stratified, seeded)
     DIR/test/<class>/<image>      optional: likewise
 
-Only the file list is held in memory: worker processes decode a batch's files each epoch
-(`images.SampleTransform`); batches travel as uint8, normalized on the training device. So this
-is the path to copy for data that does not fit in memory (nor on one disk: `litforge.streaming`).
-Whatever is wrong with the folder stops the run in `inspect()`, before the model is built. A file
-that does not decode stops it when met (`on_bad_file="error"`) or is left out and counted ("skip").
+Only the file list is held in memory: workers decode each batch (`images.SampleTransform`), which
+travels as uint8 to the training device. The path to copy for data that does not fit in memory
+(nor on one disk: `litforge.streaming`). A bad folder stops the run in `inspect()`, before the
+model is built; a file that does not decode stops it (`on_bad_file="error"`) or is left out.
 """
 
 from __future__ import annotations

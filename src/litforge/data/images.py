@@ -1,11 +1,8 @@
 """Encoded image files to uint8 tensors, the same way for image folders and streaming shards.
-
-Decode (torchvision, PIL for the formats it lacks), then fit to `size`×`size` (evaluation) or
-crop at random and resize (training), maybe mirrored. Each sample's random numbers come from its
-own generator, seeded by (run seed, epoch, place in the epoch): the same crops for any number of
-workers, and after a resume. Batches stay uint8 until the training device (`normalize`): a
-quarter of the bytes to move. No Lightning imports: `optimize`'s worker processes import this.
-"""
+Each sample draws from its own generator, seeded by (run seed, epoch, place in the epoch): the
+same crops for any number of workers, and after a resume. Batches stay uint8 until the training
+device (`normalize`): a quarter of the bytes to move. No Lightning imports: `optimize`'s worker
+processes import this module."""
 
 from __future__ import annotations
 
@@ -113,8 +110,7 @@ def random_crop_box(
 
 @dataclass(frozen=True)
 class SampleTransform:
-    """An encoded file's bytes (or decoded uint8 pixels) → uint8 `channels`×`size`×`size`, in
-    training maybe cropped and mirrored. Picklable, for DataLoader worker processes."""
+    """File bytes (or uint8 pixels) → uint8 `channels`×`size`×`size`; picklable, for workers."""
 
     channels: int
     size: int
@@ -143,12 +139,10 @@ class SampleTransform:
 
 
 def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """A uint8 batch N×C×H×W to float, scaled to [0, 1] and standardized per channel."""
     return images.float().div_(255).sub_(mean.view(1, -1, 1, 1)).div_(std.view(1, -1, 1, 1))
 
 
 def channel_stats(images: Sequence[torch.Tensor]) -> tuple[list[float], list[float]]:
-    """Per-channel mean and standard deviation of uint8 images scaled to [0, 1]."""
     pixels = torch.cat([image.flatten(1) for image in images], dim=1).double() / 255
     std = pixels.std(dim=1).clamp_min(1e-3)  # a blank channel must not divide by zero
     return [round(v, 4) for v in pixels.mean(dim=1).tolist()], [round(v, 4) for v in std.tolist()]
