@@ -39,9 +39,8 @@ class _Speed(ProgressColumn):
 
 
 class RichProgressBar(_LightningRichProgressBar):
-    """Redrawn every `refresh_rate` batches on rank 0 only: Lightning's (2.6.6; Lightning #13937,
-    #20300) redraws after every batch, ~1 ms a step on a CPU. Training statistics: this epoch's so
-    far (`EpochStatistics.running()`), as the logged ones stay the previous epoch's."""
+    """Redrawn every `refresh_rate` batches on rank 0 only: Lightning's (2.6.6) redraws after every
+    batch, ~1 ms a step on a CPU (Lightning #13937, #20300). Shows this epoch's training so far."""
 
     def __init__(self, refresh_rate: int = 20, **kwargs: Any) -> None:
         super().__init__(refresh_rate=refresh_rate, **kwargs)
@@ -121,8 +120,7 @@ class LogRunConfig(L.Callback):
 
 
 class LearningRateMonitor(_LightningLearningRateMonitor):
-    """Lightning's logs `logging_interval: epoch` rates at an epoch's start, which an epoch
-    resumed mid-way lacks: its rates go into the run's metrics, not the logs (already there)."""
+    """An epoch resumed mid-way has no start: its rates go into the run's metrics, not its logs."""
 
     _epoch_seen = -1
 
@@ -161,11 +159,10 @@ class StopOnNonFiniteLoss(L.Callback):
 
 
 class EpochStatistics(L.Callback):
-    """Logs `<prefix><name>` for each value a training step returns (`loss`, and the others of
-    `ClassificationModule.step_statistics`) averaged over the epoch's samples on all processes
-    (a step may return its own `batch_size`; 0: nothing to count), and `<prefix><name>_step` on
-    the steps the loggers write. One tensor of sums on the device: microseconds, where
-    `self.log(..., on_epoch=True)` costs ~0.25 ms a value on a CPU."""
+    """Logs each value a training step returns (`loss`, and the others of `step_statistics`) as
+    `<prefix><name>`, averaged over the epoch's samples on all processes (a step may return its
+    own `batch_size`; 0: nothing to count), and as `<prefix><name>_step` on the steps loggers
+    write. One tensor of sums on the device: µs, where `self.log(on_epoch=True)` costs ~0.25 ms."""
 
     def __init__(self, prefix: str = "train/") -> None:
         self.prefix = prefix
@@ -193,8 +190,7 @@ class EpochStatistics(L.Callback):
                 step[self.names.index("loss")] *= trainer.accumulate_grad_batches
             weighted = torch.cat([step * n, step.new_tensor([n])])
         self.sums = weighted if self.sums is None else self.sums.to(weighted.device) + weighted
-        # (Private: the loggers' own test of a step they write, Lightning 2.6)
-        if trainer._logger_connector.should_update_logs:
+        if trainer._logger_connector.should_update_logs:  # private API (Lightning 2.6)
             for name, value in zip(self.names, step, strict=True):
                 pl_module.log(f"{self.prefix}{name}_step", value, on_step=True, on_epoch=False)
 

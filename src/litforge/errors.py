@@ -127,8 +127,7 @@ def _missing_value(key: str) -> str:
     return f"{key} is not set and this run needs it{where}: add {key}=<{meaning or 'a value'}>."
 
 
-# The user's own HYDRA_FULL_ERROR, for the processes an entry point starts (`one_line_errors`).
-FULL_ERROR = "LITFORGE_FULL_ERROR"
+FULL_ERROR = "LITFORGE_FULL_ERROR"  # the user's own HYDRA_FULL_ERROR, for processes main starts
 
 
 def _full_error() -> bool:  # the user asked for tracebacks (HYDRA_FULL_ERROR=1)
@@ -198,8 +197,7 @@ def _new_run_dir(cfg: Any) -> Path | None:
     a multi-process job's processes but the first, and a folder reentered (`ckpt_path=last`)."""
     from hydra.core.hydra_config import HydraConfig
 
-    # `sweep_name`: a job of the subprocess launcher, which runs it as a single run
-    if _hydra_mode() != "RUN" or cfg.get("sweep_name"):
+    if _hydra_mode() != "RUN" or cfg.get("sweep_name"):  # sweep_name: a subprocess launcher's job
         return None
     ranks = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")  # Lightning's DDP, torchrun, SLURM
     if any(os.environ.get(rank, "0") != "0" for rank in ranks):

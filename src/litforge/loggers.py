@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import netrc
 import os
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,6 @@ def wandb_has_credentials() -> bool:
     """An API key in the environment or from `wandb login` (~/.netrc)."""
     if os.environ.get("WANDB_API_KEY"):
         return True
-    import netrc
-
     try:
         return any("wandb" in host for host in netrc.netrc().hosts)
     except (OSError, netrc.NetrcParseError):

@@ -3,8 +3,7 @@ that fit in memory, whose subclass says how to read its files (`load_split`) and
 (`source`, `input_shape`, `class_names`, `mean`, `std`). The rest is shared: find or download the
 files, decode them once to uint8 tensors (cached), carve a validation split (seeded by
 `split_seed` alone: it stays put while run seeds vary), and serve whole batches from tensors on
-the training device (`TensorBatchLoader`, no workers). Data that does not fit: `image_folder.py`.
-"""
+the training device (`TensorBatchLoader`, no workers). Data that does not fit: `image_folder.py`."""
 
 from __future__ import annotations
 

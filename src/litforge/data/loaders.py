@@ -1,7 +1,6 @@
-"""Batches straight from tensors on the training device, for datasets that fit in memory, where a
-`DataLoader` indexing and collating one sample at a time is pure overhead. One index tensor per
-epoch says which samples each process takes (as `DistributedSampler`); each batch is one gather,
-then normalization and augmentation of the whole batch, on the GPU when the data lives there."""
+"""Batches from tensors on the training device: for data in memory, a per-sample `DataLoader` is
+overhead. One index tensor per epoch picks each process's samples (as `DistributedSampler`), and
+a batch is one gather, then whole-batch normalization and augmentation (on the GPU, if there)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 downloaded into it. Without one, the first that works of: `<root_dir>/<name>/` (default
 `<project>/data/<name>/`); `<system_dir>/<system_name>/`, where Debian's dataset packages install
 (`apt-get install dataset-fashion-mnist`); a download into `<root_dir>/<name>/` from the mirrors,
-checked against MD5 sums. Else `DatasetNotFoundError` lists every place tried and how to fix it.
-"""
+checked against MD5 sums. Else `DatasetNotFoundError` lists every place tried and how to fix it."""
 
 from __future__ import annotations
 

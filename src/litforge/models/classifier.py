@@ -107,8 +107,7 @@ class ClassificationModule(L.LightningModule):
                 "optimizer": _plain(optimizer),
                 "scheduler": _plain(scheduler),
                 "class_names": list(class_names) if class_names is not None else None,
-                # Other conv kernels, other numerics: a checkpoint computes as in training.
-                "channels_last": bool(channels_last),
+                "channels_last": bool(channels_last),  # other kernels: computes as in training
                 # `data.balance=loss`: the training loss weighs each class by these.
                 "class_weights": list(class_weights) if class_weights is not None else None,
                 # How the data normalized [0, 1] pixels per channel: new images get the same.
@@ -122,8 +121,7 @@ class ClassificationModule(L.LightningModule):
         weights = torch.tensor(class_weights, dtype=torch.float32) if class_weights else None
         self.register_buffer("class_weights", weights, persistent=False)
 
-        # Synced across processes; training's statistics: callbacks.EpochStatistics.
-        metrics = MetricCollection(
+        metrics = MetricCollection(  # synced over processes; training's: callbacks.EpochStatistics
             {
                 "acc": MulticlassAccuracy(num_classes, average="micro"),
                 "f1": MulticlassF1Score(num_classes, average="macro"),
@@ -152,8 +150,7 @@ class ClassificationModule(L.LightningModule):
         if self.hparams.channels_last:  # NHWC weights: ~1.6x faster convolutions on CPUs
             self.net.to(memory_format=torch.channels_last)
         if self.compile_net:
-            # In place: parameter names and state_dict keys keep no `_orig_mod.` prefix.
-            self.net.compile()
+            self.net.compile()  # in place: state_dict keys get no `_orig_mod.` prefix
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -170,8 +167,7 @@ class ClassificationModule(L.LightningModule):
     def step_statistics(
         self, logits: torch.Tensor, y: torch.Tensor, loss: torch.Tensor
     ) -> dict[str, torch.Tensor]:
-        """The `loss` to minimize and the batch's statistics, each averaged over the epoch and
-        logged as `train/<name>` by `callbacks.EpochStatistics`. Add a training statistic here."""
+        """Each value is logged as `train/<name>` by `EpochStatistics`: add statistics here."""
         return {"loss": loss, "acc": (logits.argmax(dim=1) == y).float().mean()}
 
     def validation_step(self, batch, batch_idx: int) -> None:
@@ -181,13 +177,9 @@ class ClassificationModule(L.LightningModule):
         self.update_metrics("test", self(batch[0]), batch[1])
 
     def update_metrics(self, stage: str, logits: torch.Tensor, y: torch.Tensor) -> None:
-        loss = F.cross_entropy(logits, y)
-        if stage == "val":
-            self.val_loss.update(loss, weight=len(y))
-            self.val_metrics.update(logits, y)
-        else:
-            self.test_loss.update(loss, weight=len(y))
-            self.test_metrics.update(logits, y)
+        getattr(self, f"{stage}_loss").update(F.cross_entropy(logits, y), weight=len(y))
+        getattr(self, f"{stage}_metrics").update(logits, y)
+        if stage == "test":
             self.test_confusion.update(logits, y)
 
     def _log_evaluation(self, metrics: MetricCollection, loss: MeanMetric, prefix: str) -> dict:
