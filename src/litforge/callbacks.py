@@ -1,5 +1,4 @@
-"""Callbacks of our own, each listed in conf/callbacks/ (those about checkpoints: in
-`litforge.checkpoints`)."""
+"""Our own callbacks, each in conf/callbacks/ (those about checkpoints: `litforge.checkpoints`)."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ log = logging.getLogger(__name__)
 
 
 class _Speed(ProgressColumn):
-    """Batches a second. Lightning's column shows `0.00it/s` whenever rich has no estimate (fewer
-    than two redraws in its window, and every finished bar): the mean since the start stands in."""
+    """Batches a second; the mean since the start where rich has none (Lightning's: `0.00it/s`)."""
 
     def render(self, task: Task) -> Text:
         speed = task.finished_speed or task.speed
@@ -41,13 +39,8 @@ class _Speed(ProgressColumn):
 
 
 class RichProgressBar(_LightningRichProgressBar):
-    """Lightning's rich progress bar, redrawn every `refresh_rate` batches (other ranks than 0 skip
-    it all): Lightning's (2.6.6; Lightning #13937, #20300) reads the metrics and redraws after
-    every batch, ~1 ms a step on a CPU.
-
-    Its training statistics are this epoch's so far (`EpochStatistics.running()`; this process's
-    batches): the logged `train/loss` stays the previous epoch's until after the bar's last redraw.
-    """
+    """Redrawn every `refresh_rate` batches on rank 0 only: Lightning's (2.6.6) redraws after every
+    batch, ~1 ms a step on a CPU (Lightning #13937, #20300). Shows this epoch's training so far."""
 
     def __init__(self, refresh_rate: int = 20, **kwargs: Any) -> None:
         super().__init__(refresh_rate=refresh_rate, **kwargs)
@@ -67,9 +60,8 @@ class RichProgressBar(_LightningRichProgressBar):
 
     def _due(self, batch_idx: int, total: Callable[[], int | float]) -> bool:
         # `total` is read on rank 0 only: elsewhere Lightning never sets up what it reads.
-        return self.is_enabled and (
-            (batch_idx + 1) % self.refresh_rate == 0 or batch_idx + 1 >= total()
-        )
+        n = batch_idx + 1
+        return self.is_enabled and (n % self.refresh_rate == 0 or n >= total())
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._due(batch_idx, lambda: self.total_train_batches):
@@ -85,9 +77,8 @@ class RichProgressBar(_LightningRichProgressBar):
 
 
 class RichModelSummary(_LightningRichModelSummary):
-    """Lightning's model summary, without the FLOPs column and `Total FLOPs: 0` where nothing
-    was counted: Lightning counts FLOPs only with a forward pass on the module's
-    `example_input_array`, which the pipeline sets only for a logger's graph."""
+    """Without the FLOPs column and `Total FLOPs: 0` where none were counted: Lightning counts
+    them only on an `example_input_array`, which the pipeline sets only for a logger's graph."""
 
     @staticmethod
     def summarize(*args: Any, total_flops: int, **kwargs: Any) -> None:
@@ -107,9 +98,8 @@ class RichModelSummary(_LightningRichModelSummary):
 
 
 class LogRunConfig(L.Callback):
-    """Log the whole resolved run config (filled in by the pipeline) to every logger, with the
-    batch size per process and in total (`batch_size.per_device`, `batch_size.global`). In
-    `setup`, after `prepare_data`: a run whose data is missing leaves no logger files."""
+    """Log the resolved run config to every logger, with `batch_size.per_device` and `.global`.
+    In `setup`, after `prepare_data`: a run whose data is missing leaves no logger files."""
 
     def __init__(self, run_config: Mapping[str, Any]) -> None:
         self.config = OmegaConf.to_container(OmegaConf.create(dict(run_config)), resolve=True)
@@ -120,10 +110,9 @@ class LogRunConfig(L.Callback):
         replicas = (trainer.distributed_sampler_kwargs or {}).get("num_replicas", 1)
         total = per_device * replicas * trainer.accumulate_grad_batches
         if trainer.is_global_zero and stage == "fit":
-            accumulated = trainer.accumulate_grad_batches
             log.info(
                 f"Batch size: {per_device} per process x {replicas} data-parallel process(es) "
-                f"x {accumulated} accumulated = {total}"
+                f"x {trainer.accumulate_grad_batches} accumulated = {total}"
             )
         config = {**self.config, "batch_size": {"per_device": per_device, "global": total}}
         for logger in trainer.loggers:
@@ -131,9 +120,7 @@ class LogRunConfig(L.Callback):
 
 
 class LearningRateMonitor(_LightningLearningRateMonitor):
-    """Lightning's, which logs `logging_interval: epoch` rates when an epoch starts. An epoch
-    resumed mid-way has no start: its rates go into the run's metrics (metrics.json, the progress
-    bar) but not the logs, where the run it continues wrote them."""
+    """An epoch resumed mid-way has no start: its rates go into the run's metrics, not its logs."""
 
     _epoch_seen = -1
 
@@ -149,8 +136,7 @@ class LearningRateMonitor(_LightningLearningRateMonitor):
 
 
 class StopOnNonFiniteLoss(L.Callback):
-    """Stop training at the first step whose loss is NaN or infinite, saying where; the
-    checkpoints of earlier epochs stay as they were (nothing is saved from broken weights)."""
+    """Stop at the first NaN or infinite loss, saying where; earlier checkpoints stay untouched."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
@@ -173,14 +159,10 @@ class StopOnNonFiniteLoss(L.Callback):
 
 
 class EpochStatistics(L.Callback):
-    """Logs `<prefix><name>` for each value a training step returns (`loss`, and the others of
-    `ClassificationModule.step_statistics`), averaged over the epoch's samples on all processes;
-    and on the steps the loggers write, the step's own as `<prefix><name>_step`.
-
-    A step adds its values times its batch size (or its own `batch_size`; 0: nothing to count) to
-    one tensor of sums on the device: microseconds, where `self.log(..., on_epoch=True)` costs
-    ~0.25 ms a value on a CPU. Checkpoints keep the sums: a resumed epoch logs the same.
-    """
+    """Logs each value a training step returns (`loss`, and the others of `step_statistics`) as
+    `<prefix><name>`, averaged over the epoch's samples on all processes (a step may return its
+    own `batch_size`; 0: nothing to count), and as `<prefix><name>_step` on the steps loggers
+    write. One tensor of sums on the device: µs, where `self.log(on_epoch=True)` costs ~0.25 ms."""
 
     def __init__(self, prefix: str = "train/") -> None:
         self.prefix = prefix
@@ -208,8 +190,7 @@ class EpochStatistics(L.Callback):
                 step[self.names.index("loss")] *= trainer.accumulate_grad_batches
             weighted = torch.cat([step * n, step.new_tensor([n])])
         self.sums = weighted if self.sums is None else self.sums.to(weighted.device) + weighted
-        # (Private: the loggers' own test of a step they write, Lightning 2.6)
-        if trainer._logger_connector.should_update_logs:
+        if trainer._logger_connector.should_update_logs:  # private API (Lightning 2.6)
             for name, value in zip(self.names, step, strict=True):
                 pl_module.log(f"{self.prefix}{name}_step", value, on_step=True, on_epoch=False)
 
@@ -250,14 +231,9 @@ class EpochStatistics(L.Callback):
 
 
 class ClassificationPlots(L.Callback):
-    """`<dirpath>/curves.png` (loss and accuracy per epoch) after training and
-    `<dirpath>/confusion_matrix.png` after testing, on rank 0; also sent to TensorBoard and W&B
-    when they log. The epochs are recorded here (no logger needed) and kept in checkpoints.
-
-    An epoch's statistics may be logged after this callback's `on_train_epoch_end` (by the module
-    or a later callback): the epoch is read at the next chance (the next epoch's start, the end
-    of training, a checkpoint).
-    """
+    """`<dirpath>/curves.png` after training, `<dirpath>/confusion_matrix.png` after testing (rank
+    0; also to TensorBoard, W&B). Epochs are recorded here (no logger needed), kept in checkpoints,
+    and read at the first chance after `on_train_epoch_end`, as later hooks may still log them."""
 
     NAMES = ("train/loss", "train/acc", "val/loss", "val/acc")
 

@@ -35,8 +35,7 @@ class JobFailed(Exception):
 def number_problem(
     name: str, value: object, *, integer: bool = False, minimum: float = 0, above: bool = False
 ) -> str | None:
-    """What is wrong with `value` as a number (`integer`: a whole one) at least `minimum`
-    (`above`: greater than it); None when nothing is."""
+    """What is wrong with `value` as a number at least (`above`: above) `minimum`, or None."""
     kinds = (int,) if integer else (int, float)
     bound = f"{'greater than' if above else 'at least'} {minimum}"
     expected = f"{'an integer' if integer else 'a number'} {bound}"
@@ -73,8 +72,7 @@ def one_line(err: BaseException) -> str | None:
     if isinstance(err, hydra.errors.OverrideParseException):
         return f"{err.override}: not an override Hydra can parse ({str(err).splitlines()[0]})."
     if isinstance(err, hydra.errors.InstantiationException):
-        # `<config key>: <what the constructor said> (in <class>)`. (Lightning is loaded by then;
-        # a config mistake found earlier is told without it.)
+        # `<config key>: <what the constructor said> (in <class>)`. Lightning is loaded by now.
         from hydra.utils import get_object
         from lightning.fabric.utilities.exceptions import MisconfigurationException
 
@@ -111,8 +109,7 @@ def one_line(err: BaseException) -> str | None:
 
 
 def _missing_value(key: str) -> str:
-    """`key` is `???` in the config: say so, with what belongs there as the option's YAML file
-    says it (the comment on that line)."""
+    """`key` is `???`: say so, with what belongs there (the comment on its line in the YAML)."""
     group, _, leaf = key.partition(".")
     where = meaning = ""
     with contextlib.suppress(Exception):  # outside a Hydra run: the key alone
@@ -130,24 +127,17 @@ def _missing_value(key: str) -> str:
     return f"{key} is not set and this run needs it{where}: add {key}=<{meaning or 'a value'}>."
 
 
-# The user's own HYDRA_FULL_ERROR, for the processes an entry point starts (`one_line_errors`).
-FULL_ERROR = "LITFORGE_FULL_ERROR"
+FULL_ERROR = "LITFORGE_FULL_ERROR"  # the user's own HYDRA_FULL_ERROR, for processes main starts
 
 
-def _full_error() -> bool:
-    """Whether the user asked for tracebacks (HYDRA_FULL_ERROR=1)."""
+def _full_error() -> bool:  # the user asked for tracebacks (HYDRA_FULL_ERROR=1)
     return os.environ.get(FULL_ERROR, os.environ.get("HYDRA_FULL_ERROR")) == "1"
 
 
 def one_line_errors(main):
-    """Decorate an entry point's `main`, above `@hydra.main`: a mistake of the user's that Hydra
-    finds (an override it cannot parse, an unknown option or key) ends in one `error:` line too.
-
-    Hydra prints its own errors over several lines, and hands them on only when HYDRA_FULL_ERROR
-    is set (hydra 1.3 has no hook for them; hydra #3361). So while `main` runs HYDRA_FULL_ERROR
-    is 1, and the processes it starts (DDP's, a sweep's jobs) find the user's own choice in
-    LITFORGE_FULL_ERROR. Both are put back when `main` ends.
-    """
+    """Decorate an entry point's `main`, above `@hydra.main`: a mistake Hydra finds ends in one
+    `error:` line too. Hydra hands its errors on only with HYDRA_FULL_ERROR set (hydra #3361), so
+    it is 1 while `main` runs; processes it starts find the user's own in LITFORGE_FULL_ERROR."""
 
     @functools.wraps(main)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -171,10 +161,8 @@ def one_line_errors(main):
 
 
 def reported(task):
-    """Decorate an entry point's task, under `@hydra.main`: a mistake of the user's (`one_line`)
-    ends in one `error:` line (the traceback goes to the run's log file) and exit status 1, and
-    the run folder Hydra made for it goes if the run wrote nothing there but Hydra's files and
-    logs: a run stopped by a mistake in its input leaves no empty run behind."""
+    """Decorate an entry point's task, under `@hydra.main`: a mistake of the user's ends in one
+    `error:` line (the traceback: in the log file), and an empty run folder goes."""
 
     @functools.wraps(task)
     def run(cfg: Any) -> Any:
@@ -182,8 +170,7 @@ def reported(task):
         try:
             return task(cfg)
         except Exception as err:
-            # HYDRA_FULL_ERROR=1: the run folder stays, with the traceback in its log. In a sweep
-            # of Hydra's basic launcher: a failed job, which Hydra records.
+            # Full errors: the folder stays, traceback in its log; sweeps: Hydra records a failure.
             if _full_error() or (line := one_line(err)) is None or _hydra_mode() == "MULTIRUN":
                 raise
             for handler in logging.getLogger().handlers:  # the traceback: in train.log only
@@ -206,14 +193,11 @@ def _hydra_mode() -> str | None:
 
 
 def _new_run_dir(cfg: Any) -> Path | None:
-    """The run folder, when Hydra has just made it for this process: it holds only what Hydra
-    writes before the task (`.hydra/*.yaml`, an empty log file). None for a sweep's job (the
-    sweep summary lists its folder with its error), in the processes of a multi-process job
-    other than the first, and for a folder that a run goes back into (`ckpt_path=last`)."""
+    """The run folder if Hydra has just made it; None for a sweep's job (the summary lists it),
+    a multi-process job's processes but the first, and a folder reentered (`ckpt_path=last`)."""
     from hydra.core.hydra_config import HydraConfig
 
-    # `sweep_name`: a job of the subprocess launcher, which runs it as a single run
-    if _hydra_mode() != "RUN" or cfg.get("sweep_name"):
+    if _hydra_mode() != "RUN" or cfg.get("sweep_name"):  # sweep_name: a subprocess launcher's job
         return None
     ranks = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")  # Lightning's DDP, torchrun, SLURM
     if any(os.environ.get(rank, "0") != "0" for rank in ranks):
@@ -239,7 +223,6 @@ def _holds_only_hydra_files(folder: Path, empty_logs: bool) -> bool:
 
 
 def _remove(folder: Path) -> None:
-    """Remove `folder`, closing the log files in it first."""
     import shutil
 
     root = logging.getLogger()
@@ -252,7 +235,6 @@ def _remove(folder: Path) -> None:
 
 
 def _say_error(line: str) -> None:
-    # One write with its newline: `print` writes the newline apart, and unbuffered (as under
-    # PYTHONUNBUFFERED=1) another process of the job can write its own line in between.
+    # One write: `print` writes the newline apart, and unbuffered another process can cut in.
     sys.stderr.write(f"error: {line}\n")
     sys.stderr.flush()

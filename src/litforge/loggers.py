@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import netrc
 import os
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,6 @@ def wandb_has_credentials() -> bool:
     """An API key in the environment or from `wandb login` (~/.netrc)."""
     if os.environ.get("WANDB_API_KEY"):
         return True
-    import netrc
-
     try:
         return any("wandb" in host for host in netrc.netrc().hosts)
     except (OSError, netrc.NetrcParseError):
@@ -28,10 +27,8 @@ def wandb_has_credentials() -> bool:
 
 
 class WandbLogger(_LightningWandbLogger):
-    """Weights & Biases that never waits for a login: without credentials (or with
-    `WANDB_MODE=offline`) it logs offline, says so once, and names the `wandb sync` command that
-    uploads the run later. A resumed run (`resume_from`: its ckpt_path) goes on in the newest
-    wandb run of its folder."""
+    """Never waits for a login: offline without credentials (or `WANDB_MODE=offline`), naming the
+    `wandb sync` command. A resumed run (`resume_from`) goes on in its folder's newest wandb run."""
 
     def __init__(
         self, offline: bool | None = None, resume_from: str | None = None, **kwargs: Any
@@ -54,9 +51,8 @@ class WandbLogger(_LightningWandbLogger):
 
 
 class CSVLogger(_LightningCSVLogger):
-    """Lightning's CSV logger; a resumed run (`resume_from`: its ckpt_path) appends to the
-    metrics.csv of its folder, which Lightning's deletes (by design since 2.2.1: Lightning
-    #19446)."""
+    """A resumed run (`resume_from`: its ckpt_path) appends to its folder's metrics.csv, which
+    Lightning's deletes (by design since 2.2.1: Lightning #19446)."""
 
     def __init__(self, *args: Any, resume_from: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -25,7 +25,6 @@ from litforge.errors import UserError
 
 
 def builtin_datamodule(name: str) -> type[InMemoryImageDataModule]:
-    """The built-in dataset's datamodule class defined in `litforge.data.<name>`."""
     try:
         module = importlib.import_module(f"litforge.data.{name}")
     except ModuleNotFoundError:
@@ -39,7 +38,6 @@ def builtin_datamodule(name: str) -> type[InMemoryImageDataModule]:
 
 
 def dataset_source(name: str) -> DatasetSource:
-    """The `DatasetSource` of the datamodule defined in `litforge.data.<name>`."""
     return builtin_datamodule(name).source
 
 
@@ -73,8 +71,7 @@ def fetch(name: str, data_dir: str, system_dir: str, apt: bool) -> str:
 
 
 def export_images(name: str, target: str, data_dir: str, system_dir: str, limit: int | None) -> str:
-    """Write the dataset as `target/<split>/<class>/<n>.png` (train and test, as shipped), into
-    `target.partial` first: no half-written folder."""
+    """Write `target/<split>/<class>/<n>.png` via `target.partial`: no half-written folder."""
     import numpy as np
     from PIL import Image
 

@@ -1,16 +1,9 @@
-"""What every datamodule here gives the pipeline (`DataModule`), and the datamodule of image
-datasets that fit in memory (`InMemoryImageDataModule`).
-
-An in-memory dataset's subclass says how to read its files (`load_split`) and what the data is
-(`source`, `input_shape`, `class_names`, `mean`, `std`); the rest is done here the same way for
-all: find or download the files once, decode them once into uint8 tensors (cached in the data
-dir), carve a seeded validation split, and serve batches with `TensorBatchLoader`: gathered from
-tensors on the training device, normalized, augmented and shuffled as whole batches, no workers.
-(For data that does not fit in memory, `image_folder.py` is the path to copy.)
-
-`seed` (the data configs' `seed: ${seed}`, the run's) orders each epoch's samples and draws the
-augmentation; `split_seed` alone carves the validation split, which stays put while seeds vary.
-"""
+"""`DataModule`: what every datamodule gives the pipeline. `InMemoryImageDataModule`: datasets
+that fit in memory, whose subclass says how to read its files (`load_split`) and what the data is
+(`source`, `input_shape`, `class_names`, `mean`, `std`). The rest is shared: find or download the
+files, decode them once to uint8 tensors (cached), carve a validation split (seeded by
+`split_seed` alone: it stays put while run seeds vary), and serve whole batches from tensors on
+the training device (`TensorBatchLoader`, no workers). Data that does not fit: `image_folder.py`."""
 
 from __future__ import annotations
 
@@ -34,10 +27,8 @@ CACHE = "decoded-uint8.pt"
 
 
 class DataModule(L.LightningDataModule):
-    """The model is built with `model_arguments()`: the data's shape, classes and normalization
-    (which checkpoints keep for predict.py, export.py and serve.py). Subclasses know
-    `input_shape`, `class_names`, `mean` and `std` once `inspect()` has run, and serve each split
-    with `_loader(split, train)`."""
+    """The model is built with `model_arguments()` (checkpoints keep them for predict.py,
+    export.py, serve.py); `input_shape`, `class_names`, `mean`, `std` are set by `inspect()`."""
 
     input_shape: tuple[int, int, int]  # channels, height, width
     class_names: tuple[str, ...]
@@ -64,8 +55,7 @@ class DataModule(L.LightningDataModule):
 
     def shard(self) -> dict[str, int]:
         """`num_replicas` and `rank` of this process under DDP; empty otherwise."""
-        trainer = self.trainer
-        return (trainer.distributed_sampler_kwargs if trainer is not None else None) or {}
+        return (self.trainer.distributed_sampler_kwargs if self.trainer is not None else None) or {}
 
     def _loader(self, split: str, train: bool):
         raise NotImplementedError
@@ -121,8 +111,7 @@ class InMemoryImageDataModule(DataModule):
         raise NotImplementedError
 
     def locate(self, allow_download: bool = False) -> Path:
-        """The folder holding the dataset's files (`sources.py`): `data_dir` when given (or an
-        error), else the first of the usual places that has them."""
+        """The dataset's folder (`sources.py`): `data_dir` when given (or an error), else found."""
         hp = self.hparams
         download = allow_download and hp.download
         if hp.data_dir is not None:
@@ -202,12 +191,9 @@ class InMemoryImageDataModule(DataModule):
         images, labels = self.splits[split]
         device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
         if device.type == "cpu":  # normalized once, instead of once per batch
-            images = self._normalize(images)
+            images = normalize(images, torch.tensor(mean), torch.tensor(std))
         black = [-m / s for m, s in zip(mean, std, strict=True)]
         augment = BatchAugment(hp.crop_padding, hp.horizontal_flip, black) if train else None
         sampler = EpochShuffler(len(labels), shuffle=train, pad=train, seed=hp.seed, **self.shard())
         images, labels = images.to(device), labels.to(device)
         return TensorBatchLoader(images, labels, hp.batch_size, sampler, mean, std, augment)
-
-    def _normalize(self, images: torch.Tensor) -> torch.Tensor:
-        return normalize(images, torch.tensor(self.mean), torch.tensor(self.std))

@@ -1,5 +1,4 @@
-"""CIFAR-10: 50k/10k color photos in 10 classes, 3×32×32, in the `cifar-10-batches-py` layout
-(five pickled training batches `data_batch_1..5`, `test_batch`, `batches.meta`)."""
+"""CIFAR-10: 50k/10k color photos in 10 classes, 3×32×32, as pickles (`cifar-10-batches-py`)."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ class CIFARFormatError(UserError):
 
 
 class _ArraysOnly(pickle.Unpickler):
-    """Unpickles numpy arrays, lists, dicts and strings, and nothing else: a pickle is a program,
-    and a file from the internet must not run code here."""
+    """Unpickles arrays, lists, dicts and strings only: a pickle from the internet runs no code."""
 
     ALLOWED = {
         ("numpy.core.multiarray", "_reconstruct"): np.ndarray.__reduce__(np.zeros(0))[0],
@@ -101,9 +99,8 @@ class CIFAR10DataModule(InMemoryImageDataModule):
 
     def load_split(self, directory: Path, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
         folder = directory / FOLDER
-        batches = [
-            read_batch(folder / name) for name in (TRAIN_BATCHES if train else ("test_batch",))
-        ]
+        names = TRAIN_BATCHES if train else ("test_batch",)
+        batches = [read_batch(folder / name) for name in names]
         images = np.concatenate([images for images, _ in batches])
         labels = np.concatenate([labels for _, labels in batches])
         return torch.from_numpy(images).contiguous(), torch.from_numpy(labels).long()

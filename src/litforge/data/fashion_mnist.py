@@ -1,7 +1,5 @@
-"""Fashion-MNIST: Zalando's clothing images, MNIST's drop-in replacement (same files, same shapes).
-
-Debian packages it (`apt-get install dataset-fashion-mnist`), so it also works offline.
-"""
+"""Fashion-MNIST: Zalando's clothing images, MNIST's drop-in replacement (same files, shapes).
+Debian packages it (`apt-get install dataset-fashion-mnist`), so it also works offline."""
 
 from litforge.data.idx import IDXDataModule
 from litforge.data.sources import DatasetSource

@@ -1,9 +1,6 @@
-"""The IDX file format of MNIST and Fashion-MNIST, gzipped or not.
-
-An IDX file is a big-endian header — two zero bytes, a type code, the number of dimensions, then one
-uint32 per dimension — followed by the array itself. Both datasets store uint8 images (N×28×28) and
-uint8 labels (N), type code 0x08, the only type read here.
-"""
+"""The IDX files of MNIST and Fashion-MNIST, gzipped or not: a big-endian header (two zero bytes,
+a type code, the number of dimensions, one uint32 per dimension), then the array. Both datasets
+store uint8 (type code 0x08, the only one read here): images N×28×28, labels N."""
 
 from __future__ import annotations
 
@@ -25,7 +22,6 @@ class IDXFormatError(UserError):
 
 
 def read_idx(path: str | Path) -> torch.Tensor:
-    """Read an IDX file of uint8 values (plain or `.gz`) into a tensor of its stored shape."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     try:

@@ -4,15 +4,10 @@
     DIR/val/<class>/<image>       optional: else carved from train (stratified, seeded)
     DIR/test/<class>/<image>      optional: likewise
 
-Nothing is held in memory but the file list: worker processes read and decode a batch's files
-each epoch (`images.SampleTransform`), batches travel as uint8 and are normalized on the training
-device. So this is also the path to copy for data that does not fit in memory; for data that does
-not fit on one disk, see `litforge.streaming`.
-
-Everything that can be wrong with the folder stops the run in `inspect()`, before the model is
-built. A file that does not decode stops it when met, naming the file (`on_bad_file="error"`), or
-is left out of its batch and counted (`"skip"`).
-"""
+Only the file list is held in memory: workers decode each batch (`images.SampleTransform`), which
+travels as uint8 to the training device. The path to copy for data that does not fit in memory
+(nor on one disk: `litforge.streaming`). A bad folder stops the run in `inspect()`, before the
+model is built; a file that does not decode stops it (`on_bad_file="error"`) or is left out."""
 
 from __future__ import annotations
 
@@ -66,7 +61,6 @@ def cannot_decode(bad: str, skip_option: str = "data.on_bad_file=skip") -> UserE
 
 
 def scan_split(folder: Path) -> Files:
-    """`folder/<class>/<image>` as {class: sorted files}."""
     with os.scandir(folder) as entries:
         entries = sorted(entries, key=lambda e: e.name)
     stray = [e.name for e in entries if is_image(e)]
@@ -90,8 +84,7 @@ def scan_split(folder: Path) -> Files:
 
 
 def scan(root: Path, named: str) -> dict[str, Files]:
-    """Every split folder under `root` (`named` in messages): a train split with images, and no
-    class in val/test that train lacks."""
+    """The split folders under `root` (`named` in messages), each class one that train has."""
     if not root.is_dir():
         raise UserError(
             f"{named} is no folder. Point it at a folder holding train/<class>/<image> files."
@@ -118,8 +111,7 @@ def scan(root: Path, named: str) -> dict[str, Files]:
 
 
 def carve(files: Files, fractions: dict[str, float], seed: int) -> dict[str, Files]:
-    """Split each class's files at random (seeded) into train and the splits in `fractions`
-    ({"val": 0.1}): every class keeps its share in every split (stratified)."""
+    """Carve `fractions` ({"val": 0.1}) of each class's files from train, seeded and stratified."""
     generator = torch.Generator().manual_seed(seed)
     carved: dict[str, Files] = {"train": {}, **{split: {} for split in fractions}}
     for name, paths in files.items():
@@ -140,9 +132,8 @@ def carve(files: Files, fractions: dict[str, float], seed: int) -> dict[str, Fil
 
 
 class ImageFiles(Dataset):
-    """Image files with labels, fetched a batch at a time (`__getitems__`, given `(epoch, first
-    key, indices)`, the keys numbering the samples of the epoch): uint8 images N×C×S×S, int64
-    labels, and the files that did not decode ("path (reason)")."""
+    """Fetched a batch at a time: `__getitems__((epoch, first key, indices))`, keys numbering the
+    epoch's samples, gives uint8 images, int64 labels and the bad files ("path (reason)")."""
 
     def __init__(self, paths: list[Path], labels: list[int], transform: SampleTransform) -> None:
         self.paths, self.labels, self.transform = paths, labels, transform
@@ -192,8 +183,7 @@ class _EpochBatches:
 
 
 class FileBatchLoader(ResumesMidEpoch):
-    """Batches of decoded files for Lightning: a `DataLoader` over `ImageFiles` in the order of
-    `EpochShuffler` (DistributedSampler semantics), resuming mid-epoch at the next batch."""
+    """Batches of decoded files for Lightning in `EpochShuffler`'s order, resuming mid-epoch."""
 
     batch_sampler = None  # Lightning calls `sampler.set_epoch`; this is no `DataLoader` to rewrap
 
@@ -216,8 +206,7 @@ class FileBatchLoader(ResumesMidEpoch):
             num_workers=num_workers,
             pin_memory=pin_memory,
             persistent_workers=num_workers > 0,
-            # Worker seeds from a generator of its own, not from torch's global one: starting
-            # an epoch must not shift the dropout masks a resumed run draws after it.
+            # Its own generator for worker seeds: a resumed run's dropout masks must not shift.
             generator=torch.Generator(),
         )
         self.skipped = 0  # files that did not decode, this epoch
@@ -244,8 +233,7 @@ class FileBatchLoader(ResumesMidEpoch):
 
 
 def class_weights(counts: list[int]) -> list[float]:
-    """Loss weights inversely proportional to the class counts; a class with the average count
-    weighs 1."""
+    """Loss weights inverse to the class counts; a class of the average count weighs 1."""
     total, k = sum(counts), len(counts)
     return [round(total / (k * max(n, 1)), 6) for n in counts]
 
@@ -253,8 +241,7 @@ def class_weights(counts: list[int]) -> list[float]:
 def check_image_arguments(
     batch_size, image_size, channels, crop_scale, mean, std, num_workers, balance
 ) -> tuple[float, float] | None:
-    """ValueError naming the first argument that cannot work (image_folder's and streaming's
-    alike); returns `crop_scale` as a tuple."""
+    """ValueError on the first argument that cannot work (image_folder's and streaming's)."""
     for problem in (
         number_problem("batch_size", batch_size, integer=True, minimum=1),
         image_size is not None
@@ -284,12 +271,8 @@ def check_image_arguments(
 
 
 class ImageDataModule(DataModule):
-    """What image folders and streaming shards share once their files are found: the sample
-    transform, per-batch normalization on the training device, class counts and balance.
-    `inspect()` sets `class_names`, `channels`, `image_size`, `mean`, `std` and `train_counts`
-    (images per class in the training split). `seed` (their hparams; the run's, `seed: ${seed}`
-    in their data config) orders each epoch's samples and draws their augmentation (None: 0).
-    """
+    """What image folders and streaming shards share once their files are found. `inspect()`
+    sets `class_names`, `channels`, `image_size`, `mean`, `std`, `train_counts` (per class)."""
 
     channels: int
     image_size: int
@@ -423,8 +406,7 @@ class ImageFolderDataModule(ImageDataModule):
         self.log_class_counts()
 
     def _shape_and_stats(self, root: Path) -> tuple[int, int, list[float], list[float]]:
-        """Channels and size (given, or as the sampled training images have them) and the
-        per-channel mean/std (given, cached in `root/.litforge-stats.json`, or computed)."""
+        """Given, cached in `root/.litforge-stats.json`, or from sampled training images."""
         hp = self.hparams
         if None not in (hp.channels, hp.image_size, hp.mean):  # all given (e.g. by eval.py)
             return hp.channels, hp.image_size, hp.mean, hp.std

@@ -1,14 +1,8 @@
 """Encoded image files to uint8 tensors, the same way for image folders and streaming shards.
-
-One sample: decode (torchvision's decoders, PIL for the formats they lack), then either fit it to
-`size`×`size` (resize the shorter side, crop the center: evaluation) or cut a random crop and
-resize it (training), and maybe mirror it. Each sample's random numbers come from its own
-generator, seeded by (run seed, epoch, the sample's place in the epoch): the same crops whatever
-the number of worker processes, and again after a resume. Batches stay uint8 until they reach the
-training device (`normalize`): a quarter of the bytes to move, and the float math on the device.
-
-Kept free of Lightning imports: `optimize`'s worker processes import this module.
-"""
+Each sample draws from its own generator, seeded by (run seed, epoch, place in the epoch): the
+same crops for any number of workers, and after a resume. Batches stay uint8 until the training
+device (`normalize`): a quarter of the bytes to move. No Lightning imports: `optimize`'s worker
+processes import this module."""
 
 from __future__ import annotations
 
@@ -29,9 +23,8 @@ class BadImageError(ValueError):
     """The bytes are no image that torchvision or PIL can decode."""
 
 
-# torchvision 0.29 deprecates its decoders for TorchCodec's, saying so on every call. They are
-# 1.5-3x faster than PIL's here (a 28x28 PNG: 20 vs 64 us; a 224x224 JPEG: 0.55 vs 0.83 ms), so
-# they stay first while they exist, and PIL does the rest (and everything once they are gone).
+# torchvision 0.29 deprecates its decoders (a warning each call), but they are 1.5-3x faster than
+# PIL's here (28x28 PNG: 20 vs 64 us; 224x224 JPEG: 0.55 vs 0.83 ms): first while they exist.
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of Torch")
 
 
@@ -88,7 +81,6 @@ def _decode_with_pil(data: bytes, channels: int | None) -> torch.Tensor:
 
 
 def fit(image: torch.Tensor, size: int) -> torch.Tensor:
-    """Resize the shorter side to `size`, keep the central `size`×`size`."""
     from torchvision.transforms.v2 import functional as F
 
     height, width = image.shape[-2:]
@@ -102,8 +94,7 @@ def fit(image: torch.Tensor, size: int) -> torch.Tensor:
 def random_crop_box(
     height: int, width: int, scale: Sequence[float], generator: torch.Generator
 ) -> tuple[int, int, int, int]:
-    """(top, left, h, w) as torchvision's RandomResizedCrop draws them (a `scale` fraction of the
-    image, aspect ratio 3:4 to 4:3; the whole image if none fits), but from `generator`:
+    """(top, left, h, w) as torchvision's RandomResizedCrop draws them, but from `generator`:
     torchvision's transforms draw from the global generator, which training's dropout uses."""
     area = height * width
     low, high = math.log(3 / 4), math.log(4 / 3)
@@ -111,8 +102,7 @@ def random_crop_box(
         u = torch.rand(4, generator=generator).tolist()
         target = area * (scale[0] + (scale[1] - scale[0]) * u[0])
         ratio = math.exp(low + (high - low) * u[1])
-        w = round(math.sqrt(target * ratio))
-        h = round(math.sqrt(target / ratio))
+        w, h = round(math.sqrt(target * ratio)), round(math.sqrt(target / ratio))
         if 0 < w <= width and 0 < h <= height:
             return int(u[2] * (height - h + 1)), int(u[3] * (width - w + 1)), h, w
     return 0, 0, height, width
@@ -120,9 +110,7 @@ def random_crop_box(
 
 @dataclass(frozen=True)
 class SampleTransform:
-    """An encoded file's bytes (or decoded uint8 pixels) → uint8 `channels`×`size`×`size`.
-    Training: a random crop of a `crop_scale` fraction of the image (None: evaluation's fit),
-    mirrored half the time with `horizontal_flip`. Picklable, for DataLoader worker processes."""
+    """File bytes (or uint8 pixels) → uint8 `channels`×`size`×`size`; picklable, for workers."""
 
     channels: int
     size: int
@@ -151,12 +139,10 @@ class SampleTransform:
 
 
 def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """A uint8 batch N×C×H×W to float, scaled to [0, 1] and standardized per channel."""
     return images.float().div_(255).sub_(mean.view(1, -1, 1, 1)).div_(std.view(1, -1, 1, 1))
 
 
 def channel_stats(images: Sequence[torch.Tensor]) -> tuple[list[float], list[float]]:
-    """Per-channel mean and standard deviation of uint8 images scaled to [0, 1]."""
     pixels = torch.cat([image.flatten(1) for image in images], dim=1).double() / 255
     std = pixels.std(dim=1).clamp_min(1e-3)  # a blank channel must not divide by zero
     return [round(v, 4) for v in pixels.mean(dim=1).tolist()], [round(v, 4) for v in std.tolist()]

@@ -1,10 +1,6 @@
-"""Batches straight from tensors held on the training device (the in-memory datasets).
-
-MNIST, Fashion-MNIST and CIFAR-10 fit in memory, so a `DataLoader` that indexes one sample at a
-time and collates them is pure overhead. Here one index tensor per epoch says which samples each
-process takes (the semantics of `DistributedSampler`), and each batch is one gather, then
-normalization and augmentation on the whole batch — on the GPU when the data lives there.
-"""
+"""Batches from tensors on the training device: for data in memory, a per-sample `DataLoader` is
+overhead. One index tensor per epoch picks each process's samples (as `DistributedSampler`), and
+a batch is one gather, then whole-batch normalization and augmentation (on the GPU, if there)."""
 
 from __future__ import annotations
 
@@ -15,21 +11,10 @@ import torch
 
 
 class EpochShuffler:
-    """Which sample indices this process takes in an epoch.
-
-    Like `torch.utils.data.DistributedSampler`: one permutation per epoch, the same on every
-    process (seeded by `seed` and the epoch), padded by wrapping around so that each of
-    `num_replicas` processes gets the same number of samples; process `rank` takes every
-    `num_replicas`-th index. `pad=False` leaves the shards uneven instead (evaluation: no sample is
-    counted twice). Lightning calls `set_epoch` before each epoch, resumed runs included.
-
-    `seed` is the run's (the config's `seed`, which the data configs hand the datamodule as
-    `data.seed`; None: 0): every process of a run gets the same config, so all draw the same
-    permutation.
-
-    `weights` (one per sample): draw the epoch's `num_samples` indices with replacement, in
-    proportion to them (a class-balanced sampler gives each sample 1 / its class's count).
-    """
+    """This process's sample indices in an epoch, as `DistributedSampler` picks them: one
+    permutation per epoch, the same on every process (the run's `seed`), padded by wrapping
+    around; `pad=False` leaves the shards uneven (evaluation: no sample counted twice). Lightning
+    calls `set_epoch` before each epoch, resumed runs included. `weights`: one per sample."""
 
     def __init__(
         self,
@@ -42,8 +27,7 @@ class EpochShuffler:
         weights: torch.Tensor | None = None,
     ) -> None:
         self.num_samples, self.shuffle, self.pad = num_samples, shuffle, pad
-        self.weights = weights
-        self.num_replicas, self.rank = num_replicas, rank
+        self.num_replicas, self.rank, self.weights = num_replicas, rank, weights
         self.seed = 0 if seed is None else seed
         self.epoch = 0
 
@@ -56,11 +40,10 @@ class EpochShuffler:
         return len(range(self.rank, self.num_samples, self.num_replicas))
 
     def indices(self) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
         if self.weights is not None:
-            generator = torch.Generator().manual_seed(self.seed + self.epoch)
             order = torch.multinomial(self.weights, self.num_samples, True, generator=generator)
         elif self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed + self.epoch)
             order = torch.randperm(self.num_samples, generator=generator)
         else:
             order = torch.arange(self.num_samples)
@@ -71,11 +54,8 @@ class EpochShuffler:
 
 
 class BatchAugment:
-    """Train-time augmentation of a whole batch of normalized images (N×C×H×W).
-
-    `crop_padding`: pad each side by this many pixels with black, then crop back to the original
-    size at a random offset per image. `horizontal_flip`: mirror half of the images.
-    """
+    """Train-time augmentation of a batch of normalized images: pad by `crop_padding` black
+    pixels, crop back at a random offset per image; mirror half of them with `horizontal_flip`."""
 
     def __init__(
         self, crop_padding: int, horizontal_flip: bool, black: torch.Tensor | Sequence[float]
@@ -116,18 +96,15 @@ class BatchAugment:
 
 
 class ResumesMidEpoch:
-    """The loader state Lightning saves in checkpoints and restores: a run stopped mid-epoch goes
-    on with the next batch of the same epoch instead of starting the epoch over. A loader with
-    an `EpochShuffler` as `sampler` calls `start_epoch()` when iterated, then counts each batch
-    it hands out in `handed_out`."""
+    """The loader state Lightning checkpoints: a run stopped mid-epoch goes on with the next batch
+    of the same epoch. `__iter__` calls `start_epoch()`, then counts batches in `handed_out`."""
 
     sampler: EpochShuffler
     handed_out = 0  # batches of the current epoch
     _resume: dict[str, int] | None = None
 
     def state_dict(self) -> dict[str, int]:
-        # Lightning fetches no batch ahead from a loader with a length: when it saves, every
-        # batch handed out has been trained on.
+        # Lightning fetches no batch ahead of a sized loader: each one handed out was trained on.
         return {"epoch": self.sampler.epoch, "batches": self.handed_out}
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
@@ -144,15 +121,10 @@ class ResumesMidEpoch:
 
 
 class TensorBatchLoader(ResumesMidEpoch):
-    """An iterable of (images, labels) batches for Lightning, from tensors on one device.
+    """(images, labels) batches for Lightning from tensors on one device: uint8 images are
+    normalized per batch (cheap on a GPU), float32 ones come normalized (cheaper on a CPU)."""
 
-    `images` are uint8 (normalized per batch with `mean`/`std`, the cheap choice on a GPU) or
-    float32 already normalized (the cheap choice on a CPU, where per-batch normalization costs
-    measurable time).
-    """
-
-    # Lightning looks for `sampler.set_epoch` (called each epoch) and inspects `batch_sampler`.
-    batch_sampler = None
+    batch_sampler = None  # Lightning inspects it, and calls `sampler.set_epoch` each epoch
 
     def __init__(
         self,

@@ -7,10 +7,7 @@ from litforge.data.sources import DatasetSource
 MNIST = DatasetSource(
     name="mnist",
     files=(*IDXDataModule.split_files[True], *IDXDataModule.split_files[False]),
-    mirrors=(
-        "https://ossci-datasets.s3.amazonaws.com/mnist/",
-        "http://yann.lecun.com/exdb/mnist/",
-    ),
+    mirrors=("https://ossci-datasets.s3.amazonaws.com/mnist/", "http://yann.lecun.com/exdb/mnist/"),
     resources=(
         ("train-images-idx3-ubyte.gz", "f68b3c2dcbeaaa9fbdd348bbdeb94873"),
         ("train-labels-idx1-ubyte.gz", "d53e105ee54ea40749a09fcbcd1e9432"),

@@ -1,14 +1,9 @@
-"""Where dataset files come from. The same lookup serves every dataset, so "where are my files?"
-has one answer. A folder given for the dataset (`data.data_dir`) is used, or the run stops: its
-files are in it (or in its `<name>/`), else downloaded into it. Without one, it is searched for:
-
-1. `<root_dir>/<name>/` (default `<project>/data/<name>/`),
-2. `<system_dir>/<system_name>/`, the directory Debian's dataset packages install into
-   (`/usr/share/datasets/fashion-mnist` from `apt-get install dataset-fashion-mnist`),
-3. a download into `<root_dir>/<name>/` from the dataset's mirrors, checked against its MD5 sums.
-
-If none of them works, `DatasetNotFoundError` lists every place tried and how to fix it.
-"""
+"""Where dataset files come from: one lookup for every dataset. A folder given for the dataset
+(`data.data_dir`) is used or the run stops: the files are in it (or its `<name>/`), else
+downloaded into it. Without one, the first that works of: `<root_dir>/<name>/` (default
+`<project>/data/<name>/`); `<system_dir>/<system_name>/`, where Debian's dataset packages install
+(`apt-get install dataset-fashion-mnist`); a download into `<root_dir>/<name>/` from the mirrors,
+checked against MD5 sums. Else `DatasetNotFoundError` lists every place tried and how to fix it."""
 
 from __future__ import annotations
 
@@ -28,9 +23,8 @@ class DatasetNotFoundError(UserError):
 
 @dataclass(frozen=True)
 class DatasetSource:
-    """What a dataset is called in each place and which files make it complete: `files` without
-    a compression suffix (a `.gz` copy counts too); `resources`, (archive name, md5) pairs to
-    download from each mirror."""
+    """`files` make the dataset complete (named without `.gz`; a gzipped copy counts too);
+    `resources`: (archive name, md5) pairs to download from each mirror."""
 
     name: str
     files: tuple[str, ...]
@@ -43,7 +37,6 @@ class DatasetSource:
 
 
 def find_file(directory: Path, filename: str) -> Path | None:
-    """`directory/filename`, or its gzipped copy; None when neither exists."""
     for candidate in (directory / filename, directory / f"{filename}.gz"):
         if candidate.is_file():
             return candidate

@@ -1,12 +1,10 @@
 """Networks (plain `nn.Module`s) and the LightningModule that trains them.
 
-A checkpoint stores the configs of its network, optimizer and scheduler, which are built again
-from it. A checkpoint is data, so what it may build is listed here and anything else is refused
-before it is called (the configs you train with too):
+A checkpoint stores its network, optimizer and scheduler configs, built again when it loads: it
+is data, so what it (and a training config) may build is listed here, anything else refused:
 
 - `NETWORKS`: what `model.net._target_` may name. **Add your own network here.**
-- `OPTIMIZERS`: the module prefixes of what `model.optimizer._target_` and
-  `model.scheduler._target_` may name.
+- `OPTIMIZERS`: module prefixes for `model.optimizer._target_` and `model.scheduler._target_`.
 """
 
 NETWORKS = (

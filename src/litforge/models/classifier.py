@@ -24,9 +24,8 @@ from litforge.models import NETWORKS, OPTIMIZERS
 
 
 def check_buildable(config: Any, key: str, allowed: Sequence[str], prefix: bool = False) -> None:
-    """A UserError unless `config` builds one of `allowed` (`prefix`: a name starting with one of
-    them) from plain values: no nested `_target_`, no `${...}` (a resolver such as `oc.decode`
-    could make one). For configs from Hydra and from checkpoints (see models/__init__.py)."""
+    """A UserError unless `config` builds one of `allowed` (`prefix`: a name starting with one)
+    from plain values: no nested `_target_`, no `${...}` (`oc.decode` could make one)."""
     if config is None:
         return
     config = _plain(config)
@@ -70,15 +69,10 @@ def _plain(config: Any) -> Any:
 
 
 class ClassificationModule(L.LightningModule):
-    """Cross-entropy training of `net` with TorchMetrics evaluation.
-
-    `net`, `optimizer` and `scheduler` are Hydra configs (the latter two `_partial_: true`), kept
-    as plain dicts: `load_from_checkpoint(path, weights_only=True)` rebuilds the model without
-    Hydra and without unpickling code.
-
-    Logged: `{train,val,test}/loss`, `/acc`, `val|test/f1` (macro), `val|test/acc_balanced`
-    (the mean of the per-class recalls, for imbalanced classes), `val/acc_best`.
-    """
+    """`net`, `optimizer` and `scheduler` are Hydra configs (the latter two `_partial_: true`) kept
+    as plain dicts: `load_from_checkpoint(path, weights_only=True)` rebuilds without Hydra or
+    pickles. Logged: `{train,val,test}/loss`, `/acc`, `val|test/f1` (macro), `val/acc_best`,
+    `val|test/acc_balanced` (the mean of the per-class recalls, for imbalanced classes)."""
 
     def __init__(
         self,
@@ -113,8 +107,7 @@ class ClassificationModule(L.LightningModule):
                 "optimizer": _plain(optimizer),
                 "scheduler": _plain(scheduler),
                 "class_names": list(class_names) if class_names is not None else None,
-                # Other conv kernels, other numerics: a checkpoint computes as in training.
-                "channels_last": bool(channels_last),
+                "channels_last": bool(channels_last),  # other kernels: computes as in training
                 # `data.balance=loss`: the training loss weighs each class by these.
                 "class_weights": list(class_weights) if class_weights is not None else None,
                 # How the data normalized [0, 1] pixels per channel: new images get the same.
@@ -123,15 +116,12 @@ class ClassificationModule(L.LightningModule):
             },
             logger=False,  # the pipeline logs the whole resolved run config instead
         )
-        # Not in the checkpoint: a compiled run's checkpoint loads into an eager one, and back.
-        self.compile_net = compile
+        self.compile_net = compile  # not checkpointed: a compiled run's loads into an eager one
         self.net = instantiate(self.hparams.net, input_shape=input_shape, num_classes=num_classes)
         weights = torch.tensor(class_weights, dtype=torch.float32) if class_weights else None
         self.register_buffer("class_weights", weights, persistent=False)
 
-        # Validation and test use TorchMetrics (synced across processes); training statistics
-        # are epoch averages of what training_step returns (callbacks.EpochStatistics).
-        metrics = MetricCollection(
+        metrics = MetricCollection(  # synced over processes; training's: callbacks.EpochStatistics
             {
                 "acc": MulticlassAccuracy(num_classes, average="micro"),
                 "f1": MulticlassF1Score(num_classes, average="macro"),
@@ -154,22 +144,19 @@ class ClassificationModule(L.LightningModule):
         return [EpochStatistics()]
 
     def configure_model(self) -> None:
-        # Lightning calls this on every run (fit, test, ...), once the strategy is set up.
-        if getattr(self, "_configured", False):
+        if getattr(self, "_configured", False):  # Lightning calls this on every run
             return
         self._configured = True
         if self.hparams.channels_last:  # NHWC weights: ~1.6x faster convolutions on CPUs
             self.net.to(memory_format=torch.channels_last)
         if self.compile_net:
-            # In place: parameter names and state_dict keys keep no `_orig_mod.` prefix.
-            self.net.compile()
+            self.net.compile()  # in place: state_dict keys get no `_orig_mod.` prefix
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
     def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The training loss. (Validation and test losses stay unweighted: comparable with and
-        without `data.balance=loss`.)"""
+        """The training loss; validation and test stay unweighted, comparable across `balance`."""
         return F.cross_entropy(logits, y, weight=self.class_weights)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int):
@@ -180,27 +167,19 @@ class ClassificationModule(L.LightningModule):
     def step_statistics(
         self, logits: torch.Tensor, y: torch.Tensor, loss: torch.Tensor
     ) -> dict[str, torch.Tensor]:
-        """The `loss` to minimize and the batch's statistics, each averaged over the epoch and
-        logged as `train/<name>` by `callbacks.EpochStatistics`. Add a training statistic here."""
+        """Each value is logged as `train/<name>` by `EpochStatistics`: add statistics here."""
         return {"loss": loss, "acc": (logits.argmax(dim=1) == y).float().mean()}
 
     def validation_step(self, batch, batch_idx: int) -> None:
-        x, y = batch
-        self.update_metrics("val", self(x), y)
+        self.update_metrics("val", self(batch[0]), batch[1])
 
     def test_step(self, batch, batch_idx: int) -> None:
-        x, y = batch
-        self.update_metrics("test", self(x), y)
+        self.update_metrics("test", self(batch[0]), batch[1])
 
     def update_metrics(self, stage: str, logits: torch.Tensor, y: torch.Tensor) -> None:
-        """Count a batch's logits into the `stage` ("val" or "test") metrics."""
-        loss = F.cross_entropy(logits, y)
-        if stage == "val":
-            self.val_loss.update(loss, weight=len(y))
-            self.val_metrics.update(logits, y)
-        else:
-            self.test_loss.update(loss, weight=len(y))
-            self.test_metrics.update(logits, y)
+        getattr(self, f"{stage}_loss").update(F.cross_entropy(logits, y), weight=len(y))
+        getattr(self, f"{stage}_metrics").update(logits, y)
+        if stage == "test":
             self.test_confusion.update(logits, y)
 
     def _log_evaluation(self, metrics: MetricCollection, loss: MeanMetric, prefix: str) -> dict:
@@ -227,19 +206,14 @@ class ClassificationModule(L.LightningModule):
         optimizer = instantiate(self.hparams.optimizer)(params=self.parameters())
         if not self.hparams.scheduler:
             return {"optimizer": optimizer}
-        scheduler_cfg = dict(self.hparams.scheduler)
-        # Lightning's scheduler settings ride along in the same config (`interval`, `frequency`;
-        # `monitor`: what a ReduceLROnPlateau steps on); the rest builds the scheduler.
-        lightning_keys = {
-            k: scheduler_cfg.pop(k)
-            for k in ("interval", "frequency", "monitor")
-            if k in scheduler_cfg
-        }
-        scheduler = instantiate(scheduler_cfg)(optimizer=optimizer)
-        if isinstance(scheduler, ReduceLROnPlateau) and not lightning_keys.get("monitor"):
+        config = dict(self.hparams.scheduler)
+        # Lightning's settings ride along in the config; the rest builds the scheduler.
+        settings = {k: config.pop(k) for k in ("interval", "frequency", "monitor") if k in config}
+        scheduler = instantiate(config)(optimizer=optimizer)
+        if isinstance(scheduler, ReduceLROnPlateau) and not settings.get("monitor"):
             raise UserError(
                 "model.scheduler: ReduceLROnPlateau steps on a logged metric, and "
                 "model.scheduler.monitor is not set. Add +model.scheduler.monitor=val/loss "
                 "(or another metric the run logs)."
             )
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, **lightning_keys}}
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, **settings}}

@@ -9,12 +9,7 @@ from torch import nn
 
 
 class CNN(nn.Module):
-    """`features`: per entry of `channels`, conv → batch norm → activation → 2×2 max-pool.
-    `head`: flatten → dropout → linear(`hidden_size`) → activation → dropout → linear.
-
-    `input_shape` (channels, height, width) and `num_classes` come from the datamodule, so the
-    same config trains on 1×28×28 and 3×32×32 images.
-    """
+    """`input_shape` (C, H, W) and `num_classes` come from the datamodule, not the config."""
 
     def __init__(
         self,

@@ -10,11 +10,7 @@ from torch import nn
 
 
 class MLP(nn.Module):
-    """Flatten → [Linear → BatchNorm → ReLU → Dropout] per hidden size → Linear.
-
-    `input_shape` (channels, height, width) and `num_classes` come from the datamodule, so the
-    same config fits 1×28×28 and 3×32×32 images.
-    """
+    """`input_shape` (C, H, W) and `num_classes` come from the datamodule, not the config."""
 
     def __init__(
         self,
