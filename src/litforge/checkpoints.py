@@ -1,6 +1,5 @@
-"""Checkpoints: writing them, reading them (`load_module` builds only what a checkpoint may build:
-it is data), and checking one fits the configured data and model. Which one a run continues from:
-`resume`."""
+"""Checkpoints: writing, reading (`load_module` builds only what a checkpoint may build: it is data)
+and checking one fits the configured data and model. Which one a run continues from: `resume`."""
 
 from __future__ import annotations
 
@@ -44,9 +43,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class LastCheckpoint(ModelCheckpoint):
-    """`last.ckpt` after every epoch and on SIGTERM; with `every_n_train_steps` also that often,
-    against unannounced stops (kill -9). Lightning's `save_last` saves only along with a monitored
-    checkpoint (Lightning #20245): a resume could lose epochs."""
+    """`last.ckpt` every epoch, on SIGTERM, and every `every_n_train_steps` (against kill -9).
+    Lightning's `save_last` saves only with a monitored checkpoint (Lightning #20245)."""
 
     def __init__(self, dirpath: str, every_n_train_steps: int | None = None) -> None:
         problem = every_n_train_steps is not None and number_problem(
@@ -102,8 +100,8 @@ class LastCheckpoint(ModelCheckpoint):
 
 
 class ResumeState(L.Callback):
-    """What Lightning leaves out of a checkpoint: the RNG states (a resumed run draws the same
-    dropout and augmentations) and the LightningModule's class (for eval.py)."""
+    """Saves what Lightning leaves out: RNG states (a resumed run draws the same dropout and
+    augmentations) and the LightningModule's class (for eval.py)."""
 
     def __init__(self) -> None:
         self._states: dict[str, Any] | None = None
@@ -155,8 +153,7 @@ FIX = "Point it at a checkpoint written by train.py (<run dir>/checkpoints/)."
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The checkpoint in `path` (a file, or a folder of shards put together in memory), or a
-    UserError saying why not."""
+    """The checkpoint in `path` (a file, or a folder of shards), or a UserError saying why not."""
     path = Path(path).expanduser()
     if not path.exists():
         raise UserError(f"ckpt_path={path}: no such file.")

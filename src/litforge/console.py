@@ -101,9 +101,8 @@ def _no_adverts(record: logging.LogRecord) -> bool:
 
 
 def quiet_lightning() -> None:
-    """Each Lightning line once on the console and in the log file, without adverts and noise.
-    Idempotent; call once logging is set up. (Lightning's loggers have console handlers of their
-    own and also reach the root's, Hydra's: where the root has a console, Lightning's go.)"""
+    """Each Lightning line once, without adverts and noise; idempotent, once logging is set up.
+    (Lightning's loggers also reach the root's handlers: where it has a console, theirs go.)"""
     for message, category, module in _NOISE_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
     ranks = logging.getLogger("lightning.pytorch.utilities.rank_zero")

@@ -1,7 +1,6 @@
 """The one pipeline behind `train.py` and `eval.py`; nothing here knows the task. A run: config
-checks → datamodule → model (with `datamodule.model_arguments()`) → Trainer (what the config
-lists) → fit and test the best checkpoint, or (`evaluate`) test the module a checkpoint names →
-`metrics.json` and the final metrics table in the run folder."""
+checks → datamodule → model (`datamodule.model_arguments()`) → Trainer (what the config lists) →
+fit and test the best checkpoint, or test the module a checkpoint names → `metrics.json`."""
 
 from __future__ import annotations
 
@@ -205,10 +204,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if configured and checkpoint.get("module_class"):
         log.info("model=... is not used: the checkpoint says what the model is.")
     datamodule = build_datamodule(cfg)
-    classes = datamodule.model_arguments().get("class_names")
-    checkpoints.check_same_dataset(
-        checkpoint, datamodule.hparams.get("name"), cfg.ckpt_path, classes
-    )
+    name, classes = datamodule.hparams.get("name"), datamodule.model_arguments().get("class_names")
+    checkpoints.check_same_dataset(checkpoint, name, cfg.ckpt_path, classes)
     model = checkpoints.load_module(checkpoint, cfg.ckpt_path, default=configured)
     trainer = build_trainer(cfg)
     test(trainer, model, datamodule)

@@ -46,25 +46,17 @@ def default_checkpoint(ckpt_path: str | None) -> str | None:
 
 
 def newest_loadable(checkpoint_dir: Path, required: bool = True) -> Path | None:
-    """The newest checkpoint that loads (broken ones are named and skipped); None if there is
-    none and not `required`."""
-    candidates = sorted(
-        checkpoint_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True
-    )
-    for path in candidates:
+    """The newest checkpoint that loads (broken ones named and skipped); None if not `required`."""
+    for path in sorted(checkpoint_dir.glob("*.ckpt"), key=lambda p: -p.stat().st_mtime):
         if path.is_dir() and not checkpoints.is_whole(path):
             log.warning(f"Skipping {path}: a folder of shards cut off while written")
             continue
         try:
-            checkpoint = {} if path.is_dir() else checkpoints.read_checkpoint(path)
+            ckpt = {} if path.is_dir() else checkpoints.read_checkpoint(path)
         except UserError as err:
             log.warning(f"Skipping {path}: {err}")
             continue
-        where = (
-            f"epoch {checkpoint['epoch']}, step {checkpoint['global_step']}"
-            if checkpoint
-            else "shards"
-        )
+        where = f"epoch {ckpt['epoch']}, step {ckpt['global_step']}" if ckpt else "shards"
         info_on_rank_zero(f"Resuming from {path} ({where})")
         return path
     if not required:

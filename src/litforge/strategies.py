@@ -1,7 +1,6 @@
-"""Lightning's DDP with its communication hook on every device, and a lost process named in one
-line (`ReportsLostProcesses`, used by the feature folders' strategies too). A strategy may check its
-settings (class method `prepare_run(cfg)`) and the model and checkpoint before its processes start
-(`check_fit(model, ckpt_path)`): see `pipeline`."""
+"""DDP with its communication hook on every device; a lost process named in one line (for the
+feature folders' strategies too). A strategy may check its settings (class method `prepare_run`)
+and the model and checkpoint before its processes start (`check_fit(model, ckpt_path)`)."""
 
 from __future__ import annotations
 
@@ -86,8 +85,7 @@ class _LostProcessObserver(_ChildProcessObserver):
 
 
 class ReportingLauncher(_SubprocessScriptLauncher):
-    """Lightning's launcher for `python train.py`, with `_LostProcessObserver` over the processes
-    the strategy says end the job."""
+    """Lightning's, with `_LostProcessObserver` over the processes the strategy says end the job."""
 
     def __init__(self, strategy: ReportsLostProcesses) -> None:
         super().__init__(strategy.cluster_environment, strategy.num_processes, strategy.num_nodes)
