@@ -8,7 +8,6 @@ from litforge.runs import run_dir
 
 __version__ = "0.1.0"
 
-# The configs' resolvers. `${cwd:}`, not `${hydra:runtime.cwd}`: `-m` resolves `hydra.sweep.dir`
-# before Hydra's own config exists.
+# `${cwd:}`: `-m` resolves `hydra.sweep.dir` before `${hydra:runtime.cwd}` exists.
 OmegaConf.register_new_resolver("cwd", os.getcwd, replace=True)
 OmegaConf.register_new_resolver("run_dir", run_dir, replace=True)

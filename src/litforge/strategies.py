@@ -43,8 +43,7 @@ class ReportsLostProcesses:
             for rank, process in enumerate(children, start=self.node_rank * self.num_processes + 1)
             if (code := process.poll()) and rank not in self.already_lost
         ]
-        # Killed from outside first: one that exited 1, or that NCCL's watchdog aborted, may have
-        # been reacting to that death.
+        # Killed from outside first: an exit 1 or NCCL's abort (SIGABRT) may be a reaction to it.
         dead.sort(key=lambda entry: entry[2] > 0 or entry[2] == -signal.SIGABRT)
         if dead:
             rank, process, code = dead[0]
