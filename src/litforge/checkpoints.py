@@ -1,7 +1,5 @@
-"""Checkpoints: writing them (`AtomicCheckpointIO`, `LastCheckpoint`, `ResumeState`), reading them
-(`read_checkpoint`; `load_module` builds only what a checkpoint may build: it is data), and checking
-that one fits the configured data and model. Which checkpoint a run continues from: `resume`.
-"""
+"""Checkpoints: writing, reading (`load_module` builds only what a checkpoint may build: it is data)
+and checking one fits the configured data and model. Which one a run continues from: `resume`."""
 
 from __future__ import annotations
 
@@ -25,9 +23,8 @@ log = logging.getLogger(__name__)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Each checkpoint written beside its target, flushed, then renamed over it: a kill mid-write
-    leaves the old one whole. (Lightning's writer stages it in $TMPDIR, often another file system
-    on clusters, and its final move is then a plain copy: Lightning #21253, open.)"""
+    """Write beside the target, flush, rename over it: a kill mid-write leaves the old one whole.
+    (Lightning's stages it in $TMPDIR, maybe another file system: a mere copy, Lightning #21253)"""
 
     def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
         if storage_options is not None:
@@ -46,10 +43,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class LastCheckpoint(ModelCheckpoint):
-    """`checkpoints/last.ckpt` after every training epoch, and on SIGTERM (preemption, `scancel`,
-    a time limit) before exiting; `every_n_train_steps`: also every this many optimizer steps,
-    against stops no signal announces (kill -9, a lost machine). Lightning's `save_last` saves
-    only along with a monitored checkpoint (Lightning #20245): a resume could lose epochs."""
+    """`last.ckpt` every epoch, on SIGTERM, and every `every_n_train_steps` (against kill -9).
+    Lightning's `save_last` saves only with a monitored checkpoint (Lightning #20245)."""
 
     def __init__(self, dirpath: str, every_n_train_steps: int | None = None) -> None:
         problem = every_n_train_steps is not None and number_problem(
@@ -105,8 +100,8 @@ class LastCheckpoint(ModelCheckpoint):
 
 
 class ResumeState(L.Callback):
-    """What Lightning leaves out of a checkpoint: the random generators' states (a resumed run
-    draws the same dropout and augmentations) and the LightningModule's class (for eval.py)."""
+    """Saves what Lightning leaves out: RNG states (a resumed run draws the same dropout and
+    augmentations) and the LightningModule's class (for eval.py)."""
 
     def __init__(self) -> None:
         self._states: dict[str, Any] | None = None
@@ -133,13 +128,12 @@ class ResumeState(L.Callback):
 
 
 def is_whole(folder: Path) -> bool:
-    """A folder of shards is complete once Lightning has written meta.pt after torch's .metadata
-    (it is rewritten in place, not atomically)."""
+    """Shards are whole once Lightning wrote meta.pt after .metadata (rewritten in place)."""
     return (folder / ".metadata").is_file() and (folder / "meta.pt").is_file()
 
 
 def which_checkpoint(path: Path) -> str:
-    """What to give for a folder that is no checkpoint: a run folder's checkpoints by name."""
+    """The message for a folder that is no checkpoint, naming a run folder's checkpoints."""
     folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
     found = sorted(p.name for p in folder.glob("*.ckpt"))
     if not found:
@@ -159,8 +153,7 @@ FIX = "Point it at a checkpoint written by train.py (<run dir>/checkpoints/)."
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The checkpoint in `path` (a file, or a folder of shards put together in memory), or a
-    UserError saying why it cannot be used."""
+    """The checkpoint in `path` (a file, or a folder of shards), or a UserError saying why not."""
     path = Path(path).expanduser()
     if not path.exists():
         raise UserError(f"ckpt_path={path}: no such file.")
@@ -168,15 +161,13 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         raise UserError(which_checkpoint(path))
     if path.is_file():
         with path.open("rb") as f:
-            zipped = f.read(4) == b"PK\x03\x04"  # what torch.save writes
-        if not zipped:
-            raise UserError(
-                f"ckpt_path={path} is not a checkpoint (not a file torch.save wrote). {FIX}"
-            )
+            if f.read(4) != b"PK\x03\x04":  # what torch.save writes
+                raise UserError(
+                    f"ckpt_path={path} is not a checkpoint (not a file torch.save wrote). {FIX}"
+                )
     try:
         if path.is_dir():
-            # Private, but torch has no public way to read shards into one state dict without a
-            # process group (pytorch #125777, open).
+            # Private: torch can't read shards without a process group publicly (pytorch #125777).
             from lightning.fabric.utilities.load import _load_distributed_checkpoint
 
             checkpoint = _load_distributed_checkpoint(path)
@@ -198,8 +189,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
 def load_module(
     checkpoint: dict[str, Any], ckpt_path: str, default: str | None = None
 ) -> L.LightningModule:
-    """The LightningModule the checkpoint names (`module_class`, else `default`) with its weights.
-    Only classes of this package are imported: a checkpoint must not run code of its choosing."""
+    """The LightningModule the checkpoint names (else `default`) with its weights. Only classes of
+    this package are imported: a checkpoint must not run code of its choosing."""
     from hydra.utils import get_class
 
     name = checkpoint.get("module_class") or default
@@ -233,8 +224,7 @@ def check_same_dataset(
     ckpt_path: str,
     class_names: Sequence[str] | None = None,
 ) -> None:
-    """The checkpoint was trained on the configured dataset, with the same classes (one
-    `data=image_folder` may have other classes than another)."""
+    """Same dataset and classes (one `data=image_folder` may have other classes than another)."""
     trained_on = checkpoint.get("datamodule_hyper_parameters", {}).get("name")
     if trained_on and dataset and trained_on != dataset:
         raise UserError(
@@ -252,7 +242,6 @@ def check_same_dataset(
 
 
 def check_same_shapes(saved: dict[str, Any], current: dict[str, Any], ckpt_path: str) -> None:
-    """One line naming the weights that differ between a checkpoint and the configured model."""
     differences = [
         f"{k}: checkpoint {list(saved[k].shape)}, model {list(v.shape)}"
         for k, v in current.items()

@@ -1,6 +1,5 @@
-"""Config checks, named by their config keys, before any data is read or any process launched. The
-classes check their own arguments too (in their own words, for use without Hydra), and what only
-the data can tell (a validation split larger than the dataset)."""
+"""Config checks, named by their config keys, before any data is read or process launched. The
+classes check their own arguments too (for use without Hydra), and what only the data can tell."""
 
 from __future__ import annotations
 
@@ -49,7 +48,7 @@ def accelerator_is_cpu(accelerator: str) -> bool:
 
 
 def check_strategy(cfg: DictConfig) -> None:
-    """Combinations of strategy, devices and precision that cannot run here, with the fix."""
+    """Combinations of strategy, devices and precision that cannot run here."""
     trainer, strategy = cfg.trainer, cfg.strategy
     target = str(strategy.get("_target_", strategy.get("name", "")))
     on_cpu = accelerator_is_cpu(str(trainer.accelerator))

@@ -1,5 +1,5 @@
-"""Console output: the config in short at the start of a run (the tree in `config_tree.log`),
-the metrics at its end, and Lightning's lines without repeats and adverts (`quiet_lightning`)."""
+"""Console output: the config in short (the tree in `config_tree.log`), the final metrics, and
+Lightning's lines without repeats and adverts."""
 
 from __future__ import annotations
 
@@ -21,35 +21,29 @@ CONFIG_ORDER = ("data", "model", "strategy", "trainer", "callbacks", "logger", "
 
 @rank_zero_only
 def print_config(cfg: DictConfig, save_to: Path) -> None:
-    """Print which option of each config group the run uses and the command line's overrides;
-    save the whole resolved config as a tree to `save_to`."""
+    """Print the config groups' options and the overrides; save the resolved tree to `save_to`."""
     save_to.parent.mkdir(parents=True, exist_ok=True)
     with save_to.open("w") as f:
         rich.print(config_tree(cfg), file=f)
     groups, overrides = _choices()
     shown = {"Config": " ".join(groups), "Overrides": " ".join(overrides), "Full config": save_to}
-    # (escaped: an override such as `callbacks=[a,b]` is no markup)
+    # Escaped: `callbacks=[a,b]` is no markup. Not highlighted: plain, as the log lines around.
     lines = [f"[bold]{k}:[/] {rich.markup.escape(str(v))}" for k, v in shown.items() if v]
-    # `highlight=False`: plain text, as the log lines around it (a path is no number to color).
     rich.get_console().print("\n".join(lines), highlight=False, soft_wrap=True)
 
 
 def config_tree(cfg: DictConfig) -> rich.tree.Tree:
-    """The resolved config as a tree, top-level keys in CONFIG_ORDER first."""
     tree = rich.tree.Tree("config", style="bold")
     keys = [k for k in CONFIG_ORDER if k in cfg] + [k for k in cfg if k not in CONFIG_ORDER]
     for key in keys:
-        value = cfg[key]
-        text = (
-            OmegaConf.to_yaml(value, resolve=True) if isinstance(value, DictConfig) else str(value)
-        )
+        node = cfg[key]
+        text = OmegaConf.to_yaml(node, resolve=True) if isinstance(node, DictConfig) else str(node)
         tree.add(f"[bold]{key}[/]").add(rich.syntax.Syntax(text, "yaml", theme="ansi_dark"))
     return tree
 
 
 def _choices() -> tuple[list[str], list[str]]:
-    """`group=option` for each config group in use (not Hydra's own) and the command line's
-    overrides; nothing outside `@hydra.main`."""
+    """`group=option` for each group in use (not Hydra's) and the overrides, under `@hydra.main`."""
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized():
@@ -87,8 +81,7 @@ def _exists(group: str, option: str) -> bool:
 
 # Lightning's warnings that say nothing about this run: (message, category, module).
 _NOISE_WARNINGS = (
-    # Only about step-level logs, written every `log_every_n_steps` steps counted across epochs:
-    # an epoch shorter than that still logs them.
+    # Step-level logs count steps across epochs: an epoch shorter than that still logs them.
     (
         r"The number of training batches \(\d+\) is smaller than the logging interval",
         UserWarning,
@@ -104,15 +97,12 @@ _NOISE_WARNINGS = (
 
 
 def _no_adverts(record: logging.LogRecord) -> bool:
-    """Drops Lightning's "💡 Tip: ... try installing litlogger / litmodels" lines."""
     return not str(record.msg).startswith("💡 Tip:")
 
 
 def quiet_lightning() -> None:
-    """Each of Lightning's log lines once on the console and in the run's log file, without its
-    adverts and `_NOISE_WARNINGS`. Idempotent; call once logging is set up. (Lightning's loggers
-    have console handlers of their own, and their lines also reach the root logger's: Hydra's,
-    for the console and the log file. Where the root has a console, Lightning's are dropped.)"""
+    """Each Lightning line once, without adverts and noise; idempotent, once logging is set up.
+    (Lightning's loggers also reach the root's handlers: where it has a console, theirs go.)"""
     for message, category, module in _NOISE_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
     ranks = logging.getLogger("lightning.pytorch.utilities.rank_zero")

@@ -1,9 +1,6 @@
 """The one pipeline behind `train.py` and `eval.py`; nothing here knows the task. A run: config
-checks (`checks.check_config`, before anything is read or launched) → datamodule → model (built
-with `datamodule.model_arguments()`) → Trainer (exactly what the config lists) → `trainer.fit` and
-`trainer.test` of the best checkpoint, or (`evaluate`) `trainer.test` of the LightningModule a
-checkpoint names → `metrics.json` and the table of final metrics in the run folder.
-"""
+checks → datamodule → model (`datamodule.model_arguments()`) → Trainer (what the config lists) →
+fit and test the best checkpoint, or test the module a checkpoint names → `metrics.json`."""
 
 from __future__ import annotations
 
@@ -56,8 +53,8 @@ def start(cfg: DictConfig) -> None:
 
 
 def prepare_run(cfg: DictConfig) -> None:
-    """Call the `prepare_run(cfg)` class method of each class the strategy and callbacks name:
-    a feature's own config checks and set-up, before anything is read or built."""
+    """Call the `prepare_run(cfg)` class method of each class the strategy and callbacks name: a
+    feature's own config checks and set-up, before anything is read or built."""
     for entry in [cfg.get("strategy"), *(cfg.get("callbacks") or {}).values()]:
         target = entry.get("_target_") if OmegaConf.is_dict(entry) else None
         try:
@@ -73,18 +70,16 @@ def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
 
 
 def build_model(cfg: DictConfig, datamodule: L.LightningDataModule) -> L.LightningModule:
-    # `_recursive_=False`: net, optimizer and scheduler stay configs, which the module builds.
+    # net, optimizer and scheduler stay configs: the module builds them.
     model = instantiate(cfg.model, **datamodule.model_arguments(), _recursive_=False)
     if any(entry and entry.get("log_graph") for entry in (cfg.get("logger") or {}).values()):
-        # What TensorBoard traces the graph with. Only then: Lightning's model summary would
-        # also run it through the model, which sharded models cannot do on one rank.
+        # Only then: the model summary would run it too, which a sharded model can't on one rank.
         model.example_input_array = datamodule.example_input()
     return model
 
 
 def _instantiate_entries(group: DictConfig | None, **fill: Any) -> list[Any]:
-    """Each entry of a `{name: {_target_: ...}}` group (null entries are off); a `???` argument
-    named in `fill` gets that value."""
+    """The group's entries but null ones (off); a `???` argument named in `fill` gets its value."""
     return [
         instantiate(entry, **{k: v for k, v in fill.items() if OmegaConf.is_missing(entry, k)})
         for entry in (group or {}).values()
@@ -93,8 +88,8 @@ def _instantiate_entries(group: DictConfig | None, **fill: Any) -> list[Any]:
 
 
 class NoProfiler(PassThroughProfiler):
-    """`trainer.profiler: null`. Lightning's default opens a context around each of the ~100 hooks
-    and loop stages of a step (~0.2 ms a step on a CPU); this one hands back one empty context."""
+    """`trainer.profiler: null`: Lightning's default opens a context around each of a step's ~100
+    hooks (~0.2 ms a step on a CPU); this one hands back one empty context."""
 
     _nothing = contextlib.nullcontext()
 
@@ -121,7 +116,6 @@ def build_trainer(cfg: DictConfig) -> L.Trainer:
 
 
 def _float_metrics(trainer: L.Trainer) -> dict[str, float]:
-    """Epoch-level scalars as logged (`train/loss`, `val/acc_best`, `test/acc`, ...)."""
     return {
         name: float(value)
         for name, value in trainer.callback_metrics.items()
@@ -132,9 +126,8 @@ def _float_metrics(trainer: L.Trainer) -> dict[str, float]:
 
 
 def fit(trainer: L.Trainer, model: L.LightningModule, datamodule, ckpt_path=None) -> None:
-    """`trainer.fit`, with the ~400k long-lived objects of imports, configs and data frozen out of
-    the garbage collector's sight (each full collection would scan them, ~0.1 s, for nothing).
-    A lost process of a multi-process job ends it in one line (`ReportsLostProcesses`)."""
+    """`trainer.fit` with the ~400k long-lived objects frozen out of the garbage collector's sight
+    (each full collection would scan them, ~0.1 s); a lost process ends the job in one line."""
     gc.collect()
     gc.freeze()
     try:
@@ -143,8 +136,7 @@ def fit(trainer: L.Trainer, model: L.LightningModule, datamodule, ckpt_path=None
     except Exception as err:
         describe = getattr(trainer.strategy, "lost_process", None)
         if lost := describe and describe(err):
-            # The job is over. torchrun stops the other processes with SIGTERM: here, that would
-            # run Lightning's handler, whose collective fails again, in the middle of this.
+            # torchrun stops the others with SIGTERM: Lightning's handler would fail again here.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             raise UserError(lost) from err
         raise
@@ -158,8 +150,7 @@ def test(trainer: L.Trainer, model: L.LightningModule, datamodule, ckpt_path=Non
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
-    """Fit, then test the best checkpoint; with `train=false`, test `ckpt_path`. Returns the
-    final metrics."""
+    """Fit, then test the best checkpoint; with `train=false`, test `ckpt_path`."""
     start(cfg)
     fitting = cfg.get("train")
     ckpt_path, checkpoint = resume.default_checkpoint(cfg.get("ckpt_path")), None
@@ -189,7 +180,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
             )
             trainer.validate(model, datamodule=datamodule)
         metrics.update(_float_metrics(trainer))
-        # The best checkpoint: the one callback that watches a metric.
         monitors = [cb for cb in trainer.checkpoint_callbacks if getattr(cb, "monitor", None)]
         ckpt_path = monitors[0].best_model_path if monitors else None
         if not ckpt_path and cfg.get("test"):
@@ -214,10 +204,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if configured and checkpoint.get("module_class"):
         log.info("model=... is not used: the checkpoint says what the model is.")
     datamodule = build_datamodule(cfg)
-    classes = datamodule.model_arguments().get("class_names")
-    checkpoints.check_same_dataset(
-        checkpoint, datamodule.hparams.get("name"), cfg.ckpt_path, classes
-    )
+    name, classes = datamodule.hparams.get("name"), datamodule.model_arguments().get("class_names")
+    checkpoints.check_same_dataset(checkpoint, name, cfg.ckpt_path, classes)
     model = checkpoints.load_module(checkpoint, cfg.ckpt_path, default=configured)
     trainer = build_trainer(cfg)
     test(trainer, model, datamodule)
@@ -225,8 +213,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
 
 def data_from_checkpoint(cfg: DictConfig, checkpoint: dict[str, Any]) -> None:
-    """Fill in the data settings the checkpoint knows (image size, channels, normalization) where
-    they are unset; one set to another value is a UserError."""
+    """Fill in unset data settings the checkpoint knows; one set to another value: UserError."""
     hp = checkpoint.get("hyper_parameters", {})
     if not hp.get("input_shape"):
         return
@@ -258,7 +245,6 @@ def _same(given: Any, trained: Any) -> bool:
 
 
 def finish(cfg: DictConfig, trainer: L.Trainer, metrics: dict[str, float]) -> dict[str, float]:
-    """Write `metrics.json` and print the final table (rank 0)."""
     if trainer.is_global_zero:
         output_dir = Path(cfg.paths.output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)

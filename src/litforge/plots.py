@@ -1,9 +1,5 @@
-"""Pictures of a run: the test confusion matrix, the loss and accuracy curves (and, from the sweep
-summary, a sweep's ranking).
-
-matplotlib is imported only to draw, with its non-interactive backend: it costs start-up time and
-needs no display.
-"""
+"""Pictures of a run: the test confusion matrix, the loss and accuracy curves. matplotlib is
+imported only to draw, non-interactive: it costs start-up time and needs no display."""
 
 from __future__ import annotations
 
@@ -23,10 +19,9 @@ def pyplot():
 
 
 def confusion_matrix(matrix: torch.Tensor, class_names: Sequence[str], path: Path):
-    """Counts of (true class, predicted class) on the test set, class names on both axes."""
     plt = pyplot()
     n = len(class_names)
-    # Wide and tall enough for the title and the axis labels with few classes too
+    # Room for the title and axis labels with few classes too
     fig, ax = plt.subplots(figsize=(max(4.0, 1.0 + 0.6 * n), max(3.6, 0.8 + 0.6 * n)), dpi=100)
     ax.imshow(matrix.numpy(), cmap="Blues")
     ax.set_xticks(range(n), class_names, rotation=45, ha="right")
@@ -44,7 +39,7 @@ def confusion_matrix(matrix: torch.Tensor, class_names: Sequence[str], path: Pat
 
 
 def curves(epochs: dict[int, dict[str, float]], path: Path):
-    """Train and validation loss and accuracy per epoch (`{epoch: {"val/acc": ..., ...}}`)."""
+    """`epochs`: `{epoch: {"val/acc": ..., ...}}`."""
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
@@ -70,5 +65,5 @@ def save(fig, path: Path):
 
 
 def close(fig) -> None:
-    """Free a figure: pyplot keeps every figure alive until closed."""
+    """pyplot keeps every figure alive until closed."""
     pyplot().close(fig)

@@ -1,7 +1,5 @@
-"""Stopping on SIGTERM (`stopped_by_sigterm`), and finding the checkpoint a run continues from:
-`ckpt_path=last` or `auto` in the run folder `runs.run_dir` found (`newest_loadable`), checked to
-fit the configured model and data (`checked_checkpoint`).
-"""
+"""Stopping on SIGTERM, and finding the checkpoint a run continues from (`ckpt_path=last` or
+`auto`, in the run folder `runs.run_dir` found), checked to fit the configured model and data."""
 
 from __future__ import annotations
 
@@ -27,8 +25,8 @@ info_on_rank_zero = rank_zero_only(log.info)
 
 @contextmanager
 def stopped_by_sigterm(trainer: L.Trainer, what: str) -> Iterator[None]:
-    """Exit with 143 (128 + SIGTERM, what schedulers expect of a stopped job), saying so, where
-    Lightning's SIGTERMException exits with 0 (up to 2.6.6, Lightning #19916)."""
+    """Exit with 143 (128 + SIGTERM, what schedulers expect), saying so, where Lightning's
+    SIGTERMException exits with 0 (up to 2.6.6, Lightning #19916)."""
     try:
         yield
     except SIGTERMException:
@@ -43,31 +41,22 @@ def stopped_by_sigterm(trainer: L.Trainer, what: str) -> Iterator[None]:
 
 
 def default_checkpoint(ckpt_path: str | None) -> str | None:
-    """`ckpt_path` as given; unset, `auto` where a launcher runs the job again after a failure
-    (torchrun --max-restarts, SLURM): the job goes on from its last checkpoint by itself."""
+    """Unset: `auto` where a launcher reruns a failed job (torchrun --max-restarts, SLURM)."""
     return ckpt_path if ckpt_path is not None or not restarting_launcher() else "auto"
 
 
 def newest_loadable(checkpoint_dir: Path, required: bool = True) -> Path | None:
-    """The newest checkpoint in `checkpoint_dir` that loads (broken ones are named and skipped);
-    None if there is none and not `required`."""
-    candidates = sorted(
-        checkpoint_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True
-    )
-    for path in candidates:
+    """The newest checkpoint that loads (broken ones named and skipped); None if not `required`."""
+    for path in sorted(checkpoint_dir.glob("*.ckpt"), key=lambda p: -p.stat().st_mtime):
         if path.is_dir() and not checkpoints.is_whole(path):
             log.warning(f"Skipping {path}: a folder of shards cut off while written")
             continue
         try:
-            checkpoint = {} if path.is_dir() else checkpoints.read_checkpoint(path)
+            ckpt = {} if path.is_dir() else checkpoints.read_checkpoint(path)
         except UserError as err:
             log.warning(f"Skipping {path}: {err}")
             continue
-        where = (
-            f"epoch {checkpoint['epoch']}, step {checkpoint['global_step']}"
-            if checkpoint
-            else "shards"
-        )
+        where = f"epoch {ckpt['epoch']}, step {ckpt['global_step']}" if ckpt else "shards"
         info_on_rank_zero(f"Resuming from {path} ({where})")
         return path
     if not required:
@@ -79,8 +68,7 @@ def newest_loadable(checkpoint_dir: Path, required: bool = True) -> Path | None:
 
 
 def auto_checkpoint(output_dir: str, fitting: bool = True) -> Path | None:
-    """`ckpt_path=auto`: the newest checkpoint of this run's folder that loads, or None to start
-    fresh (not `fitting`: a UserError)."""
+    """`ckpt_path=auto`: the newest checkpoint of this run that loads, or None to start fresh."""
     folder = Path(output_dir) / "checkpoints"
     found = newest_loadable(folder, required=False) if folder.is_dir() else None
     if found is None and not fitting:
@@ -101,9 +89,8 @@ def checked_checkpoint(
     fitting: bool,
     sharded: bool,
 ) -> tuple[str, dict[str, Any] | None]:
-    """The checkpoint `ckpt_path` names (`last`: the newest of this run that loads) and its
-    contents, checked to fit `model` and `dataset`; a folder of shards to fit from is left to the
-    (`sharded`) strategy."""
+    """The checkpoint `ckpt_path` names and its contents, checked to fit `model` and `dataset`;
+    a folder of shards to fit from is left to the (`sharded`) strategy."""
     if ckpt_path == "last":
         folder = Path(output_dir) / "checkpoints"
         if not folder.is_dir():  # ${run_dir:} found no earlier run of this command

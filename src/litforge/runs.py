@@ -1,7 +1,5 @@
-"""Where a run writes (`run_dir`: a new folder, or that of the run `ckpt_path` continues), and
-which launcher started it (`job_id`, `restarting_launcher`). No torch here: the `${run_dir:...}`
-resolver (conf/hydra/default.yaml) runs before the task does.
-"""
+"""Where a run writes (a new folder, or that of the run `ckpt_path` continues), and which launcher
+started it. No torch here: the `${run_dir:...}` resolver runs before the task does."""
 
 from __future__ import annotations
 
@@ -17,15 +15,13 @@ from litforge.errors import UserError
 
 
 def slurm_batch_job() -> bool:
-    """A job SLURM started (`sbatch`, `srun`), not an interactive shell in an allocation: the
-    processes Lightning treats as SLURM's (its `SLURMEnvironment.detect`)."""
+    """Not an interactive shell in an allocation: as Lightning's `SLURMEnvironment.detect`."""
     interactive = os.environ.get("SLURM_JOB_NAME") in ("bash", "interactive")
     return "SLURM_NTASKS" in os.environ and not interactive
 
 
 def restarting_launcher() -> str | None:
-    """ "torchrun" (with restarts left to it) or "slurm" when the launcher may run this job's
-    command again after a failure."""
+    """The launcher that may run this job again after a failure, if any."""
     if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0:
         return "torchrun"
     if slurm_batch_job():
@@ -34,7 +30,6 @@ def restarting_launcher() -> str | None:
 
 
 def how_to_resume() -> str:
-    """How the job goes on after a stop: by itself under a launcher that restarts it."""
     if restarting_launcher() == "torchrun":
         if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:  # each machine counts its own
             return "torchrun restarts the job while it has restarts left; it resumes by itself"
@@ -50,9 +45,8 @@ def how_to_resume() -> str:
 
 
 def job_id() -> str | None:
-    """The cluster launcher's name for this job (`slurm-<job id>[-<array task>]`,
-    `torchrun-<rendezvous id>`), or None: all processes of a multi-node job, and the job once
-    restarted or requeued, agree on it (and so on its folder), where timestamps would not."""
+    """The cluster launcher's name for this job, or None: all processes of a multi-node job, and
+    the job once restarted or requeued, agree on it (and its folder), where timestamps don't."""
     if slurm_batch_job() and os.environ.get("SLURM_JOB_ID"):
         array = os.environ.get("SLURM_ARRAY_TASK_ID")
         return f"slurm-{os.environ['SLURM_JOB_ID']}" + (f"-{array}" if array else "")
@@ -71,16 +65,13 @@ def job_id() -> str | None:
 
 
 def run_id() -> str:
-    """A new run's folder name: the job id when a cluster launcher gives one, else the time."""
     return job_id() or datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
 
 
 def run_dir(runs_root: str, ckpt_path: str | None, overrides: Any = None, fits: Any = True) -> str:
-    """`${run_dir:<runs root>,${ckpt_path},${hydra.overrides.task},${train}}`: the folder of a
-    training run that continues an earlier run of the same command (the same overrides,
-    ckpt_path aside): with `ckpt_path=last` the newest such run that holds a checkpoint; with
-    `auto` the job's own folder under a cluster launcher, else the newest unfinished such run
-    (checkpoints, no metrics.json); with a checkpoint file of such a run that run. Anything else:
+    """The folder of a training run that continues an earlier run of the same command (overrides
+    but ckpt_path): `last`, the newest that holds a checkpoint; `auto`, the job's own folder under
+    a cluster launcher, else the newest unfinished one; a checkpoint file of one, that one. Else
     a new `<runs_root>/<run id>`."""
     root = Path(runs_root)
     if ckpt_path == "auto" and job_id():

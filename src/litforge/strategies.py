@@ -1,9 +1,6 @@
-"""Lightning's DDP with its gradient communication hook on every device and a lost process named
-in one line (`ReportsLostProcesses`, which the feature folders' strategies use too).
-
-A strategy may also check its settings (`prepare_run(cfg)`, a class method) and the model and
-checkpoint before its processes start (`check_fit(model, ckpt_path)`): see `pipeline`.
-"""
+"""DDP with its communication hook on every device; a lost process named in one line (for the
+feature folders' strategies too). A strategy may check its settings (class method `prepare_run`)
+and the model and checkpoint before its processes start (`check_fit(model, ckpt_path)`)."""
 
 from __future__ import annotations
 
@@ -26,10 +23,9 @@ log = logging.getLogger(__name__)
 
 
 class ReportsLostProcesses:
-    """When training fails in a multi-process job, `lost_process(exception)` says which process
-    was lost rather than the communication error it left behind (gloo: "Connection reset by
-    peer"); `pipeline.fit` raises it as one line. It is worked out in `on_exception`, before
-    Lightning stops the processes this one started. A hung process is bounded by `timeout`."""
+    """`lost_process(exception)` names the lost process rather than the communication error it
+    left behind (gloo: "Connection reset by peer"), worked out in `on_exception` before Lightning
+    stops the processes this one started. A hung process is bounded by `timeout`."""
 
     _lost: str | None = None
     already_lost: frozenset[int] = frozenset()  # ranks the job went on without (parameter_server)
@@ -42,14 +38,12 @@ class ReportsLostProcesses:
         if self._lost:
             return self._lost
         children = getattr(self.launcher, "procs", None) or []  # started by this process
-        first_rank = self.node_rank * self.num_processes
         dead = [
-            (first_rank + local_rank, process, process.poll())
-            for local_rank, process in enumerate(children, start=1)
+            (rank, process, code)
+            for rank, process in enumerate(children, start=self.node_rank * self.num_processes + 1)
+            if (code := process.poll()) and rank not in self.already_lost
         ]
-        dead = [(rank, p, code) for rank, p, code in dead if code and rank not in self.already_lost]
-        # Killed from outside (SIGKILL, SIGTERM, ...) first: one that exited 1, or that NCCL's
-        # watchdog aborted (SIGABRT), may have been reacting to that death.
+        # Killed from outside first: an exit 1 or NCCL's abort (SIGABRT) may be a reaction to it.
         dead.sort(key=lambda entry: entry[2] > 0 or entry[2] == -signal.SIGABRT)
         if dead:
             rank, process, code = dead[0]
@@ -79,9 +73,8 @@ class ReportsLostProcesses:
 
 
 class _LostProcessObserver(_ChildProcessObserver):
-    """Lightning's watch over the processes a launcher started SIGKILLs them all, this one too,
-    within 5 s of one dying, without a word. This one first leaves `grace` seconds to name the
-    lost one and stop (at once, unless it hangs: a dead peer fails gloo's operations)."""
+    """Lightning's watch SIGKILLs all processes, this one too, within 5 s of one dying, without a
+    word; this one first leaves `grace` seconds to name the lost one and stop."""
 
     grace = 10.0
 
@@ -91,15 +84,13 @@ class _LostProcessObserver(_ChildProcessObserver):
 
 
 class ReportingLauncher(_SubprocessScriptLauncher):
-    """Lightning's launcher for `python train.py` on one machine, with `_LostProcessObserver`
-    over the processes the strategy says end the job."""
+    """Lightning's, with `_LostProcessObserver` over the processes the strategy says end the job."""
 
     def __init__(self, strategy: ReportsLostProcesses) -> None:
         super().__init__(strategy.cluster_environment, strategy.num_processes, strategy.num_nodes)
         self.strategy = strategy
 
     def launch(self, function, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
-        # Lightning's, with the watch above.
         self.cluster_environment.validate_settings(self.num_processes, self.num_nodes)
         if not self.cluster_environment.creates_processes_externally:
             self._call_children_scripts()
@@ -110,14 +101,13 @@ class ReportingLauncher(_SubprocessScriptLauncher):
 
 
 def _what_failed(exception: BaseException) -> str:
-    """The gist of a communication error: its first sentence, without gloo's source location."""
+    """Its first sentence, without gloo's source location."""
     text = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", str(exception)).strip()
     first_line = text.splitlines()[0] if text else type(exception).__name__
     return re.split(r"(?<=[a-z])\. ", first_line)[0][:200]
 
 
-# What gloo and NCCL say when a peer is gone. "Application timeout caused pair closure": a
-# peer that hangs, seen by a gloo operation waiting in the backward pass (a plain RuntimeError).
+# What gloo and NCCL say when a peer is gone; "pair closure": a hung peer (a plain RuntimeError).
 COMMUNICATION_ERRORS = ("gloo", "NCCL", "Connection reset", "Connection closed", "pair closure")
 
 
@@ -128,9 +118,8 @@ def _is_communication_error(exception: BaseException) -> bool:
 
 
 class DDPStrategy(ReportsLostProcesses, _LightningDDPStrategy):
-    """Lightning's DDP, with its communication hook attached on every device: Lightning (2.6.6)
-    registers `ddp_comm_hook` (gradient compression: fp16, bf16, PowerSGD) only on CUDA and
-    silently drops it otherwise; torch runs these hooks on gloo too."""
+    """Lightning (2.6.6) registers `ddp_comm_hook` (fp16, bf16, PowerSGD) only on CUDA and drops
+    it silently otherwise; torch runs these hooks on gloo too."""
 
     def _register_ddp_hooks(self) -> None:
         if self._ddp_comm_hook is None:
