@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+from litforge.data.images import normalize
 from litforge.pipeline import build_datamodule, build_model, build_trainer, fit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,7 +141,8 @@ def handwritten_epochs(model: str, epochs: int, overrides: list[str]) -> list[fl
     datamodule.setup("fit")
     x_train, y_train = datamodule.splits["train"]
     x_val, y_val = datamodule.splits["val"]
-    x_train, x_val = datamodule._normalize(x_train), datamodule._normalize(x_val)
+    mean, std = torch.tensor(datamodule.mean), torch.tensor(datamodule.std)
+    x_train, x_val = normalize(x_train, mean, std), normalize(x_val, mean, std)
     torch.manual_seed(0)
     net = instantiate(cfg.model.net, input_shape=datamodule.input_shape, num_classes=10)
     if cfg.model.get("channels_last"):
