@@ -44,7 +44,7 @@ def dataset_source(name: str) -> DatasetSource:
 def install_debian_package(source: DatasetSource) -> bool:
     """Install the dataset's Debian package if we are root and have apt-get; say what happens."""
     package = source.debian_package
-    if not package or shutil.which("apt-get") is None:
+    if not package or not shutil.which("apt-get"):
         return False
     if os.geteuid() != 0:
         print(
@@ -90,16 +90,14 @@ def export_images(name: str, target: str, data_dir: str, system_dir: str, limit:
     for split in ("train", "test"):
         images, labels = datamodule.load_split(files, train=split == "train")
         count = len(labels) if limit is None else min(limit, len(labels))
-        for folder in folders:
-            (partial / split / folder).mkdir(parents=True, exist_ok=True)
+        (partial / split).mkdir(parents=True)
+        for label in labels[:count].unique().tolist():  # no folder for a class left out by limit
+            (partial / split / folders[label]).mkdir()
         for i in range(count):
             pixels = images[i].permute(1, 2, 0).squeeze(2).numpy()  # H×W or H×W×3
             image = Image.fromarray(np.ascontiguousarray(pixels))
             image.save(partial / split / folders[int(labels[i])] / f"{i:05d}.png")
         print(f"{split}: {count} images")
-    for folder in partial.glob("*/*"):
-        if not any(folder.iterdir()):  # a class with no image among the first `limit`
-            folder.rmdir()
     if target_dir.exists():
         target_dir.rmdir()
     partial.rename(target_dir)

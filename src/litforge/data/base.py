@@ -48,8 +48,7 @@ class DataModule(L.LightningDataModule):
             "std": list(self.std),
         }
 
-    def example_input(self) -> torch.Tensor:
-        """Two blank images (what TensorBoard traces the model's graph with)."""
+    def example_input(self) -> torch.Tensor:  # what TensorBoard traces the model's graph with
         self.inspect()
         return torch.zeros(2, *self.input_shape)
 
@@ -111,15 +110,12 @@ class InMemoryImageDataModule(DataModule):
         raise NotImplementedError
 
     def locate(self, allow_download: bool = False) -> Path:
-        """The dataset's folder (`sources.py`): `data_dir` when given (or an error), else found."""
-        hp = self.hparams
-        download = allow_download and hp.download
+        hp, download = self.hparams, allow_download and self.hparams.download
         if hp.data_dir is not None:
             return locate(self.source, hp.data_dir, None, download, given=True)
         return locate(self.source, hp.root_dir, hp.system_dir, download)
 
-    def cache_path(self, directory: Path) -> Path:
-        """Beside the files in a given folder; else under root_dir (the system dir is read-only)."""
+    def cache_path(self, directory: Path) -> Path:  # under root_dir: the system dir is read-only
         if self.hparams.data_dir is not None:
             return directory / CACHE
         return Path(self.hparams.root_dir).expanduser() / self.source.name / CACHE
@@ -128,7 +124,6 @@ class InMemoryImageDataModule(DataModule):
         return {s: self.load_split(directory, train=s == "train") for s in ("train", "test")}
 
     def read_cache(self, directory: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
-        """The cached decoded tensors, if they were made from `directory`'s files."""
         path = self.cache_path(directory)
         if not (self.hparams.cache and path.is_file()):
             return None
@@ -142,8 +137,12 @@ class InMemoryImageDataModule(DataModule):
             return None
         return cached["splits"]
 
-    def write_cache(self, directory: Path, splits) -> None:
-        path = self.cache_path(directory)
+    def prepare_data(self) -> None:
+        # Lightning calls this on one process per node: the only place that downloads or writes.
+        directory = self.locate(allow_download=True)
+        if not self.hparams.cache or self.read_cache(directory) is not None:
+            return
+        path, splits = self.cache_path(directory), self.decode(directory)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(".pt.partial")
@@ -153,12 +152,6 @@ class InMemoryImageDataModule(DataModule):
             partial.replace(path)  # atomic: a reader sees the old cache or the new one
         except OSError as err:  # a read-only data dir only costs the next run the decoding time
             log.warning("Could not cache decoded tensors at %s: %s", path, err)
-
-    def prepare_data(self) -> None:
-        # Lightning calls this on one process per node: the only place that downloads or writes.
-        directory = self.locate(allow_download=True)
-        if self.hparams.cache and self.read_cache(directory) is None:
-            self.write_cache(directory, self.decode(directory))
 
     def setup(self, stage: str | None = None) -> None:
         fit = stage in ("fit", "validate", None) and "train" not in self.splits

@@ -49,8 +49,6 @@ def read_idx(path: str | Path) -> torch.Tensor:
 
 
 class IDXDataModule(InMemoryImageDataModule):
-    """MNIST-format datasets: four IDX files, 1×28×28 uint8 images and uint8 labels."""
-
     input_shape = (1, 28, 28)
     num_train_images = 60000
     split_files = {

@@ -53,7 +53,6 @@ def is_image(entry: os.DirEntry) -> bool:
 
 
 def cannot_decode(bad: str, skip_option: str = "data.on_bad_file=skip") -> UserError:
-    """The one line for a file that does not decode (`bad`: "path (reason)")."""
     return UserError(
         f"cannot decode {bad}: fix or remove the file, or set {skip_option} to leave such "
         f"files out."
@@ -84,7 +83,6 @@ def scan_split(folder: Path) -> Files:
 
 
 def scan(root: Path, named: str) -> dict[str, Files]:
-    """The split folders under `root` (`named` in messages), each class one that train has."""
     if not root.is_dir():
         raise UserError(
             f"{named} is no folder. Point it at a folder holding train/<class>/<image> files."
@@ -148,10 +146,9 @@ class ImageFiles(Dataset):
             path = self.paths[index]
             try:
                 images.append(self.transform(path.read_bytes(), key, epoch))
+                labels.append(self.labels[index])
             except (BadImageError, OSError) as err:
                 bad.append(f"{path} ({err})")
-                continue
-            labels.append(self.labels[index])
         if not images:
             return None, None, bad
         return torch.stack(images), torch.tensor(labels), bad
@@ -183,8 +180,6 @@ class _EpochBatches:
 
 
 class FileBatchLoader(ResumesMidEpoch):
-    """Batches of decoded files for Lightning in `EpochShuffler`'s order, resuming mid-epoch."""
-
     batch_sampler = None  # Lightning calls `sampler.set_epoch`; this is no `DataLoader` to rewrap
 
     def __init__(
@@ -233,7 +228,6 @@ class FileBatchLoader(ResumesMidEpoch):
 
 
 def class_weights(counts: list[int]) -> list[float]:
-    """Loss weights inverse to the class counts; a class of the average count weighs 1."""
     total, k = sum(counts), len(counts)
     return [round(total / (k * max(n, 1)), 6) for n in counts]
 
@@ -241,7 +235,6 @@ def class_weights(counts: list[int]) -> list[float]:
 def check_image_arguments(
     batch_size, image_size, channels, crop_scale, mean, std, num_workers, balance
 ) -> tuple[float, float] | None:
-    """ValueError on the first argument that cannot work (image_folder's and streaming's)."""
     for problem in (
         number_problem("batch_size", batch_size, integer=True, minimum=1),
         image_size is not None
@@ -297,13 +290,9 @@ class ImageDataModule(DataModule):
 
     def sample_transform(self, train: bool) -> SampleTransform:
         hp = self.hparams
+        crop_scale, flip = (hp.crop_scale, hp.horizontal_flip) if train else (None, False)
         return SampleTransform(
-            self.channels,
-            self.image_size,
-            train=train,
-            crop_scale=hp.crop_scale if train else None,
-            horizontal_flip=hp.horizontal_flip and train,
-            seed=0 if hp.seed is None else hp.seed,
+            self.channels, self.image_size, train, crop_scale, flip, hp.seed or 0
         )
 
     def pin_memory(self) -> bool:
@@ -323,8 +312,6 @@ class ImageDataModule(DataModule):
 
 
 class ImageFolderDataModule(ImageDataModule):
-    """Train, validate and test on `root/<split>/<class>/<image>` files (see the module doc)."""
-
     # How messages name the settings (`python -m litforge.streaming optimize`: its arguments).
     settings = {
         "root": "data.root={}",
@@ -383,12 +370,11 @@ class ImageFolderDataModule(ImageDataModule):
         hp = self.hparams
         root = Path(hp.root)
         found = scan(root, self.settings["root"].format(root))
-        missing = {"val": hp.val_fraction, "test": hp.test_fraction}
-        missing = {split: f for split, f in missing.items() if split not in found}
+        missing = {s: hp[f"{s}_fraction"] for s in ("val", "test") if s not in found}
         self.splits = {**found, **carve(found["train"], missing, hp.split_seed)}
         self.class_names = tuple(self.splits["train"])
         self.train_counts = [len(self.splits["train"][c]) for c in self.class_names]
-        self.channels, self.image_size, self.mean, self.std = self._shape_and_stats(root)
+        self.channels, self.image_size, self.mean, self.std = self._shape_and_stats()
         if hp.mean is not None:
             self.mean, self.std = list(hp.mean), list(hp.std)
             if len(self.mean) != self.channels or len(self.std) != self.channels:
@@ -405,7 +391,7 @@ class ImageFolderDataModule(ImageDataModule):
         )
         self.log_class_counts()
 
-    def _shape_and_stats(self, root: Path) -> tuple[int, int, list[float], list[float]]:
+    def _shape_and_stats(self) -> tuple[int, int, list[float], list[float]]:
         """Given, cached in `root/.litforge-stats.json`, or from sampled training images."""
         hp = self.hparams
         if None not in (hp.channels, hp.image_size, hp.mean):  # all given (e.g. by eval.py)
@@ -422,26 +408,13 @@ class ImageFolderDataModule(ImageDataModule):
             "channels": hp.channels,
             "image_size": hp.image_size,
         }
-        cache = root / STATS_FILE
+        cache = Path(hp.root) / STATS_FILE
         try:
             stored = json.loads(cache.read_text())
         except (OSError, ValueError):
             stored = {}
         if stored.get("key") == key:
             return stored["channels"], stored["image_size"], stored["mean"], stored["std"]
-        channels, size, mean, std = self._compute_stats(files)
-        values = {"key": key, "channels": channels, "image_size": size, "mean": mean, "std": std}
-        partial = cache.with_name(f"{cache.name}.{os.getpid()}.partial")
-        try:
-            partial.write_text(json.dumps(values, indent=1))
-            partial.replace(cache)  # atomic: processes writing at once leave one whole file
-        except OSError as err:  # a read-only folder costs each run a few hundred decodes
-            partial.unlink(missing_ok=True)
-            log.warning(f"Could not cache image statistics in {cache}: {err}")
-        return channels, size, mean, std
-
-    def _compute_stats(self, files: list[Path]) -> tuple[int, int, list[float], list[float]]:
-        hp = self.hparams
         decoded = []
         for path in files:
             try:
@@ -465,6 +438,14 @@ class ImageFolderDataModule(ImageDataModule):
                 )
             size = min(shapes[0])
         mean, std = channel_stats([fit(im.expand(channels, -1, -1), size) for im in decoded])
+        values = {"key": key, "channels": channels, "image_size": size, "mean": mean, "std": std}
+        partial = cache.with_name(f"{cache.name}.{os.getpid()}.partial")
+        try:
+            partial.write_text(json.dumps(values, indent=1))
+            partial.replace(cache)  # atomic: processes writing at once leave one whole file
+        except OSError as err:  # a read-only folder costs each run a few hundred decodes
+            partial.unlink(missing_ok=True)
+            log.warning(f"Could not cache image statistics in {cache}: {err}")
         return channels, size, mean, std
 
     def setup(self, stage: str | None = None) -> None:
@@ -489,12 +470,13 @@ class ImageFolderDataModule(ImageDataModule):
         sampler = EpochShuffler(
             len(paths), shuffle=train, pad=train, seed=hp.seed, weights=weights, **self.shard()
         )
+        dataset = ImageFiles(paths, labels, self.sample_transform(train))
         return FileBatchLoader(
-            ImageFiles(paths, labels, self.sample_transform(train)),
+            dataset,
             sampler,
             hp.batch_size,
             hp.num_workers,
-            pin_memory=self.pin_memory(),
-            on_bad_file=hp.on_bad_file,
-            train=train,
+            self.pin_memory(),
+            hp.on_bad_file,
+            train,
         )

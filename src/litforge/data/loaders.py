@@ -68,7 +68,6 @@ class BatchAugment:
         return self.crop_padding > 0 or self.horizontal_flip
 
     def draw(self, n: int, device: torch.device, generator: torch.Generator):
-        """The random numbers for a batch of `n`: crop offsets and flips (None where off)."""
         offsets = flips = None
         if self.crop_padding > 0:
             size = 2 * self.crop_padding + 1
@@ -112,12 +111,10 @@ class ResumesMidEpoch:
 
     def start_epoch(self) -> int:
         """The batches of this epoch to skip: those a resumed checkpoint had trained on."""
-        skip = 0
-        if self._resume is not None and self._resume["epoch"] == self.sampler.epoch:
-            skip = self._resume["batches"]
-        self._resume = None
-        self.handed_out = skip
-        return skip
+        resume, self._resume = self._resume, None
+        on_time = resume is not None and resume["epoch"] == self.sampler.epoch
+        self.handed_out = resume["batches"] if on_time else 0
+        return self.handed_out
 
 
 class TensorBatchLoader(ResumesMidEpoch):
@@ -152,11 +149,11 @@ class TensorBatchLoader(ResumesMidEpoch):
         if self.augment is not None:
             generator = torch.Generator(device=device)
             generator.manual_seed(hash((self.sampler.seed, self.sampler.epoch, self.sampler.rank)))
-        skip = self.start_epoch()
-        for start in range(0, skip * self.batch_size, self.batch_size):  # the same draws
-            if generator is not None:
+        skip = self.start_epoch() * self.batch_size
+        if generator is not None:
+            for start in range(0, skip, self.batch_size):  # the same draws
                 self.augment.draw(len(indices[start : start + self.batch_size]), device, generator)
-        for start in range(skip * self.batch_size, len(self) * self.batch_size, self.batch_size):
+        for start in range(skip, len(self) * self.batch_size, self.batch_size):
             self.handed_out += 1
             batch = indices[start : start + self.batch_size]
             x = self.images[batch]

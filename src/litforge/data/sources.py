@@ -37,10 +37,8 @@ class DatasetSource:
 
 
 def find_file(directory: Path, filename: str) -> Path | None:
-    for candidate in (directory / filename, directory / f"{filename}.gz"):
-        if candidate.is_file():
-            return candidate
-    return None
+    candidates = (directory / filename, directory / f"{filename}.gz")
+    return next((candidate for candidate in candidates if candidate.is_file()), None)
 
 
 def is_complete(directory: Path, source: DatasetSource) -> bool:
@@ -48,8 +46,8 @@ def is_complete(directory: Path, source: DatasetSource) -> bool:
 
 
 def download(source: DatasetSource, target: Path) -> list[str]:
-    """Try each mirror for each resource into `target`; returns the failures (empty on success)."""
-    # torchvision's helpers follow redirects and check MD5 sums.
+    """Try each mirror for each resource into `target`; returns the failures (empty on success).
+    torchvision's helpers follow redirects and check MD5 sums."""
     from torchvision.datasets.utils import download_and_extract_archive, download_url
 
     created = [d for d in (target, *target.parents) if not d.exists()]  # to undo on failure
