@@ -103,8 +103,7 @@ class ResumeState(L.Callback):
     """Saves what Lightning leaves out: RNG states (a resumed run draws the same dropout and
     augmentations) and the LightningModule's class (for eval.py)."""
 
-    def __init__(self) -> None:
-        self._states: dict[str, Any] | None = None
+    _states: dict[str, Any] | None = None
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         checkpoint["module_class"] = f"{type(pl_module).__module__}.{type(pl_module).__qualname__}"
@@ -132,23 +131,6 @@ def is_whole(folder: Path) -> bool:
     return (folder / ".metadata").is_file() and (folder / "meta.pt").is_file()
 
 
-def which_checkpoint(path: Path) -> str:
-    """The message for a folder that is no checkpoint, naming a run folder's checkpoints."""
-    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    found = sorted(p.name for p in folder.glob("*.ckpt"))
-    if not found:
-        return (
-            f"ckpt_path={path} is a folder, but neither a checkpoint nor a run folder with "
-            f"checkpoints: point it at a checkpoint written by train.py "
-            f"(<run dir>/checkpoints/last.ckpt)."
-        )
-    best = [name for name in found if name != "last.ckpt"]
-    choices = [f"{folder / 'last.ckpt'} (the latest)"] if "last.ckpt" in found else []
-    choices += [f"{folder / best[-1]} (the best)"] if best else []
-    given = " or ".join(choices)
-    return f"ckpt_path={path} is a folder of checkpoints: give one, e.g. ckpt_path={given}"
-
-
 FIX = "Point it at a checkpoint written by train.py (<run dir>/checkpoints/)."
 
 
@@ -157,8 +139,22 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path).expanduser()
     if not path.exists():
         raise UserError(f"ckpt_path={path}: no such file.")
-    if path.is_dir() and not is_whole(path):
-        raise UserError(which_checkpoint(path))
+    if path.is_dir() and not is_whole(path):  # a folder of shards cut off, or of checkpoints
+        folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+        found = sorted(p.name for p in folder.glob("*.ckpt"))
+        if not found:
+            raise UserError(
+                f"ckpt_path={path} is a folder, but neither a checkpoint nor a run folder with "
+                f"checkpoints: point it at a checkpoint written by train.py "
+                f"(<run dir>/checkpoints/last.ckpt)."
+            )
+        best = [name for name in found if name != "last.ckpt"]
+        choices = [f"{folder / 'last.ckpt'} (the latest)"] if "last.ckpt" in found else []
+        choices += [f"{folder / best[-1]} (the best)"] if best else []
+        given = " or ".join(choices)
+        raise UserError(
+            f"ckpt_path={path} is a folder of checkpoints: give one, e.g. ckpt_path={given}"
+        )
     if path.is_file():
         with path.open("rb") as f:
             if f.read(4) != b"PK\x03\x04":  # what torch.save writes

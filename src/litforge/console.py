@@ -21,7 +21,6 @@ CONFIG_ORDER = ("data", "model", "strategy", "trainer", "callbacks", "logger", "
 
 @rank_zero_only
 def print_config(cfg: DictConfig, save_to: Path) -> None:
-    """Print the config groups' options and the overrides; save the resolved tree to `save_to`."""
     save_to.parent.mkdir(parents=True, exist_ok=True)
     with save_to.open("w") as f:
         rich.print(config_tree(cfg), file=f)

@@ -17,6 +17,7 @@ import inspect
 import logging
 import os
 import re
+import shutil
 import sys
 import traceback
 from pathlib import Path
@@ -179,14 +180,19 @@ def reported(task):
                     handler.flush()
             _say_error(line)
             if new_folder is not None and _holds_only_hydra_files(new_folder, empty_logs=False):
-                _remove(new_folder)
+                root = logging.getLogger()
+                for handler in list(root.handlers):  # the log files in it: closed first
+                    file = getattr(handler, "baseFilename", None)  # a FileHandler's
+                    if file is not None and new_folder in Path(file).parents:
+                        root.removeHandler(handler)
+                        handler.close()
+                shutil.rmtree(new_folder, ignore_errors=True)
             sys.exit(1)
 
     return run
 
 
-def _hydra_mode() -> str | None:
-    """RUN or MULTIRUN while Hydra runs the task."""
+def _hydra_mode() -> str | None:  # RUN or MULTIRUN while Hydra runs the task
     from hydra.core.hydra_config import HydraConfig
 
     return getattr(HydraConfig.get().mode, "name", None) if HydraConfig.initialized() else None
@@ -220,18 +226,6 @@ def _holds_only_hydra_files(folder: Path, empty_logs: bool) -> bool:
     except OSError:  # gone, or not a folder
         return False
     return True
-
-
-def _remove(folder: Path) -> None:
-    import shutil
-
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        file = getattr(handler, "baseFilename", None)  # a FileHandler's
-        if file is not None and folder in Path(file).parents:
-            root.removeHandler(handler)
-            handler.close()
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _say_error(line: str) -> None:

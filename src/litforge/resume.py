@@ -100,9 +100,7 @@ def checked_checkpoint(
                 f"run with hydra.run.dir=<its folder> ckpt_path=last, or ckpt_path=<file>."
             )
         ckpt_path = str(newest_loadable(folder))
-    if fitting and Path(ckpt_path).is_dir():
-        if not checkpoints.is_whole(Path(ckpt_path)):
-            raise UserError(checkpoints.which_checkpoint(Path(ckpt_path)))
+    if fitting and checkpoints.is_whole(Path(ckpt_path)):  # a folder of shards (others: below)
         if not sharded:
             raise UserError(
                 f"{ckpt_path} is a folder of shards: training resumes from it with "

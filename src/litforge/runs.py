@@ -21,12 +21,9 @@ def slurm_batch_job() -> bool:
 
 
 def restarting_launcher() -> str | None:
-    """The launcher that may run this job again after a failure, if any."""
     if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0:
         return "torchrun"
-    if slurm_batch_job():
-        return "slurm"
-    return None
+    return "slurm" if slurm_batch_job() else None
 
 
 def how_to_resume() -> str:
