@@ -90,7 +90,8 @@ def pythonpath(*folders: str | Path) -> str:
 
 
 def child_env(env: dict | None) -> dict[str, str]:
-    """This process's environment with `env` added; a PYTHONPATH in `env` goes first."""
+    """This process's environment with `env` added; a PYTHONPATH in `env` goes before this
+    process's (callers pass only their own folders)."""
     full_env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     full_env.update({"PYTHONUNBUFFERED": "1", **(env or {})})
     if env and "PYTHONPATH" in env:
@@ -215,7 +216,7 @@ def offline_env(tmp_path: Path) -> dict[str, str]:
     site = tmp_path / "offline_site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text("import no_network\n\nno_network.disable()\n")
-    return {"PYTHONPATH": pythonpath(site, Path(__file__).parent)}
+    return {"PYTHONPATH": os.pathsep.join([str(site), str(Path(__file__).parent)])}
 
 
 def go_offline(monkeypatch) -> None:
@@ -539,7 +540,7 @@ def train_recording_samples(tmp_path: Path, *data_overrides: str) -> dict[tuple[
         "+callbacks.samples._target_=helpers.RecordSamples",
         f"+callbacks.samples.path={seen}",
         f"hydra.run.dir={tmp_path / 'run'}",
-        env={"MASTER_PORT": str(free_port()), "PYTHONPATH": pythonpath(ROOT / "tests")},
+        env={"MASTER_PORT": str(free_port()), "PYTHONPATH": str(ROOT / "tests")},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     per_rank: dict[tuple[int, int], list] = {}

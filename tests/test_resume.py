@@ -15,7 +15,6 @@ from helpers import (
     RESUMABLE,
     ROOT,
     assert_same_run,
-    pythonpath,
     run_in_process,
     run_script,
     tiny_run_args,
@@ -67,7 +66,7 @@ def run_with_fault(data_dir, run, signal_name, stage, epoch, batch):
     return run_script(
         "train.py",
         *tiny_run_args(data_dir, run, *RESUMABLE, *fault),
-        env={"PYTHONPATH": pythonpath(ROOT / "tests")},
+        env={"PYTHONPATH": str(ROOT / "tests")},
     )
 
 

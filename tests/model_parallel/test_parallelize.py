@@ -14,7 +14,6 @@ from helpers import (
     compose_config,
     free_port,
     predicted_accuracy,
-    pythonpath,
     run_script,
     tiny_run_args,
 )
@@ -26,7 +25,7 @@ MP = ["strategy=model_parallel", "strategy.timeout.minutes=3"]
 
 
 def train(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    env = {"MASTER_PORT": str(free_port()), "PYTHONPATH": pythonpath(ROOT / "tests")}
+    env = {"MASTER_PORT": str(free_port()), "PYTHONPATH": str(ROOT / "tests")}
     result = run_script("train.py", *args, env=env, timeout=timeout)
     assert result.returncode == 0, result.stderr[-4000:]
     return result
