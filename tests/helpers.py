@@ -270,13 +270,33 @@ def write_cifar10(directory: Path, per_batch: int = 40, n_test: int = 40) -> Pat
     return folder
 
 
+_ports_given: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port nobody listens on now, for one multi-process run."""
+    """A TCP port nobody listens on now, for one multi-process run: never one this process gave
+    before, and from a range of its own under pytest-xdist (workers start runs at the same
+    time). Below the kernel's ephemeral range (32768-60999), where `bind(..., 0)` and outgoing
+    connections take theirs: a port from there can be taken by another process before the run
+    binds it (torchrun's rendezvous then joins whatever listens there instead of failing)."""
+    import random
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    span = (32768 - 20000) // max(workers, 1)
+    low = 20000 + worker % max(workers, 1) * span
+    while True:
+        port = random.SystemRandom().randrange(low, low + span)  # not the seeded generator
+        if port in _ports_given:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _ports_given.add(port)
+        return port
 
 
 def tiny_run_args(
@@ -452,7 +472,12 @@ def assert_same_run(resumed: Path, uninterrupted: Path) -> None:
     assert step == step_ref
     for name, value in weights_ref.items():
         torch.testing.assert_close(weights[name], value, rtol=0, atol=1e-6, msg=name)
-    assert metrics == pytest.approx(metrics_ref, abs=1e-6)
+    differ = {
+        name: (metrics.get(name), metrics_ref.get(name))
+        for name in metrics.keys() | metrics_ref.keys()
+        if metrics.get(name) != pytest.approx(metrics_ref.get(name), abs=1e-6)
+    }
+    assert not differ, f"metrics that differ (resumed, uninterrupted): {differ}"
 
 
 def write_numbered_folder(root: Path, n: int, classes: int = 2) -> Path:

@@ -97,6 +97,7 @@ def uninterrupted_torchrun(tmp_path_factory, data_dir) -> Path:
     status, output, run = torchrun(tmp_path_factory.mktemp("reference"), data_dir=data_dir)
     assert status == 0, output[-3000:]
     assert "No checkpoint in" in output  # ckpt_path=auto, nothing to resume yet
+    assert "Resuming from" not in output, output[-6000:]  # the reference ran in one go
     return run
 
 
@@ -107,8 +108,9 @@ def uninterrupted_torchrun(tmp_path_factory, data_dir) -> Path:
         (signal.SIGKILL, [], "Connection (reset|closed) by peer"),
         # a hung worker: found by the next collective's timeout, then killed by torchrun
         # (gloo words it "Timed out waiting ..." or, in the backward pass, "Application timeout
-        # caused pair closure")
-        (signal.SIGSTOP, ["strategy.timeout.minutes=0.25"], "Timed out|timeout caused pair"),
+        # caused pair closure"). The timeout holds for the restarted job too: on a loaded
+        # machine its processes may start that far apart.
+        (signal.SIGSTOP, ["strategy.timeout.minutes=0.5"], "Timed out|timeout caused pair"),
     ],
     ids=["killed", "hung"],
 )
@@ -117,7 +119,7 @@ def test_torchrun_restarts_a_lost_worker_and_the_job_ends_as_if_uninterrupted(
 ):
     status, output, run = torchrun(tmp_path / "logs", *timeout, fault=fault, data_dir=data_dir)
     errors = re.findall(r"error: .*", output)  # a progress bar may precede it on its line
-    assert status == 0, "\n".join(errors) + output[-3000:]
+    assert status == 0, "\n".join(errors) + output[-8000:]
     assert "FAULT" in output
     assert f"Resuming from {run / 'checkpoints'}/last.ckpt (epoch " in output
     assert len(errors) == 1, output[-4000:]  # the survivor, in one line; no traceback

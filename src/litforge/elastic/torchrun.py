@@ -26,7 +26,8 @@ def restart_safe_store(rank: int, world_size: int, timeout: timedelta) -> Any | 
     torchrun's workers meet in the store its agent serves (`TORCHELASTIC_USE_AGENT_STORE`), and
     the agent keeps that store across restarts (c10d rendezvous, pytorch #135712): the workers of
     a restart would read the addresses the dead workers left there, and fail to connect or hang.
-    Here each start of the job agrees on a fresh key prefix first (`_agree_on_round`).
+    Here each start of the job agrees on a fresh key prefix first (`_agree_on_round`), under the
+    job's rendezvous id: jobs may share one rendezvous store (`--rdzv-endpoint`).
     """
     if not shared_agent_store():
         return None
@@ -39,7 +40,8 @@ def restart_safe_store(rank: int, world_size: int, timeout: timedelta) -> Any | 
         is_master=False,
         timeout=timeout,
     )
-    return PrefixStore(f"litforge/{_agree_on_round(store, rank, world_size, timeout)}", store)
+    job = PrefixStore(f"litforge/{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}", store)
+    return PrefixStore(_agree_on_round(job, rank, world_size, timeout), job)
 
 
 def _agree_on_round(store: Any, rank: int, world_size: int, timeout: timedelta) -> str:
