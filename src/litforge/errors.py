@@ -23,6 +23,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+FULL_ERROR = "LITFORGE_FULL_ERROR"  # the user's own HYDRA_FULL_ERROR, for processes main starts
+
 
 class UserError(Exception):
     """A problem the user can fix (a missing file, a bad value). The message says what and how."""
@@ -45,6 +47,11 @@ def number_problem(
     if value < minimum or (above and value == minimum):
         return f"{name}={value} is out of range: expected {expected}."
     return None
+
+
+def check_number(name: str, value: object, **bounds: Any) -> None:
+    if problem := number_problem(name, value, **bounds):
+        raise ValueError(problem)
 
 
 def one_line(err: BaseException) -> str | None:
@@ -126,9 +133,6 @@ def _missing_value(key: str) -> str:
                 where, meaning = f" ({group}={option})", found[1].strip() if found else ""
                 break
     return f"{key} is not set and this run needs it{where}: add {key}=<{meaning or 'a value'}>."
-
-
-FULL_ERROR = "LITFORGE_FULL_ERROR"  # the user's own HYDRA_FULL_ERROR, for processes main starts
 
 
 def _full_error() -> bool:  # the user asked for tracebacks (HYDRA_FULL_ERROR=1)
