@@ -1,8 +1,6 @@
 """Checkpoints: writing, reading (`load_module` builds only what a checkpoint may build: it is data)
 and checking one fits the configured data and model. Which one a run continues from: `resume`."""
 
-from __future__ import annotations
-
 import logging
 import os
 import random

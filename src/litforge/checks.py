@@ -1,8 +1,6 @@
 """Config checks, named by their config keys, before any data is read or process launched. The
 classes check their own arguments too (for use without Hydra), and what only the data can tell."""
 
-from __future__ import annotations
-
 import torch
 from omegaconf import DictConfig, OmegaConf
 

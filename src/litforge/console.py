@@ -1,8 +1,6 @@
 """Console output: the config in short (the tree in `config_tree.log`), the final metrics, and
 Lightning's lines without repeats and adverts."""
 
-from __future__ import annotations
-
 import logging
 import warnings
 from pathlib import Path

@@ -8,8 +8,6 @@ Hydra's and OmegaConf's. An entry point gets both with two decorators; importing
     def main(cfg): ...
 """
 
-from __future__ import annotations
-
 import contextlib
 import difflib
 import functools

@@ -2,8 +2,6 @@
 checks → datamodule → model (`datamodule.model_arguments()`) → Trainer (what the config lists) →
 fit and test the best checkpoint, or test the module a checkpoint names → `metrics.json`."""
 
-from __future__ import annotations
-
 import contextlib
 import gc
 import json

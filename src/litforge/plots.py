@@ -1,8 +1,6 @@
 """Pictures of a run: the test confusion matrix, the loss and accuracy curves. matplotlib is
 imported only to draw, non-interactive: it costs start-up time and needs no display."""
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from pathlib import Path
 

@@ -2,8 +2,6 @@
 feature folders' strategies too). A strategy may check its settings (class method `prepare_run`)
 and the model and checkpoint before its processes start (`check_fit(model, ckpt_path)`)."""
 
-from __future__ import annotations
-
 import logging
 import os
 import re

@@ -7,8 +7,6 @@
 A dataset name is the module name in `litforge.data` (and the config name in `conf/data/`).
 """
 
-from __future__ import annotations
-
 import argparse
 import importlib
 import inspect

@@ -5,8 +5,6 @@ files, decode them once to uint8 tensors (cached), carve a validation split (see
 `split_seed` alone: it stays put while run seeds vary), and serve whole batches from tensors on
 the training device (`TensorBatchLoader`, no workers). Data that does not fit: `image_folder.py`."""
 
-from __future__ import annotations
-
 import logging
 from collections.abc import Sequence
 from pathlib import Path

@@ -1,7 +1,5 @@
 """CIFAR-10: 50k/10k color photos in 10 classes, 3×32×32, as pickles (`cifar-10-batches-py`)."""
 
-from __future__ import annotations
-
 import _codecs
 import pickle
 from pathlib import Path

@@ -9,8 +9,6 @@ travels as uint8 to the training device. The path to copy for data that does not
 (nor on one disk: `litforge.streaming`). A bad folder stops the run in `inspect()`, before the
 model is built; a file that does not decode stops it (`on_bad_file="error"`) or is left out."""
 
-from __future__ import annotations
-
 import hashlib
 import json
 import logging

@@ -4,8 +4,6 @@ same crops for any number of workers, and after a resume. Batches stay uint8 unt
 device (`normalize`): a quarter of the bytes to move. No Lightning imports: `optimize`'s worker
 processes import this module."""
 
-from __future__ import annotations
-
 import functools
 import io
 import math

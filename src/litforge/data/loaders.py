@@ -2,8 +2,6 @@
 overhead. One index tensor per epoch picks each process's samples (as `DistributedSampler`), and
 a batch is one gather, then whole-batch normalization and augmentation (on the GPU, if there)."""
 
-from __future__ import annotations
-
 import math
 from collections.abc import Iterator, Sequence
 

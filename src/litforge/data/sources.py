@@ -5,8 +5,6 @@ downloaded into it. Without one, the first that works of: `<root_dir>/<name>/` (
 (`apt-get install dataset-fashion-mnist`); a download into `<root_dir>/<name>/` from the mirrors,
 checked against MD5 sums. Else `DatasetNotFoundError` lists every place tried and how to fix it."""
 
-from __future__ import annotations
-
 import logging
 import socket
 from dataclasses import dataclass

@@ -1,7 +1,5 @@
 """The LightningModule that trains any backbone network on a classification task."""
 
-from __future__ import annotations
-
 from collections.abc import Mapping, Sequence
 from typing import Any
 

@@ -1,7 +1,5 @@
 """A convolutional network: a trunk of conv blocks, then a classifier head."""
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 
 import torch
