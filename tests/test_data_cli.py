@@ -36,7 +36,7 @@ def test_unknown_dataset_is_named():
 def test_apt_fallback_prints_the_command_when_not_root(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(data_cli.shutil, "which", lambda name: f"/usr/bin/{name}")
     monkeypatch.setattr(data_cli.os, "geteuid", lambda: 1000)
-    source = data_cli.dataset_source("fashion_mnist")
+    source = data_cli.builtin_datamodule("fashion_mnist").source
     assert data_cli.install_debian_package(source) is False
     assert "sudo apt-get install -y dataset-fashion-mnist" in capsys.readouterr().out
 
@@ -51,11 +51,13 @@ def test_apt_fallback_installs_as_root_and_says_so(monkeypatch, capsys):
     monkeypatch.setattr(data_cli.shutil, "which", lambda name: f"/usr/bin/{name}")
     monkeypatch.setattr(data_cli.os, "geteuid", lambda: 0)
     monkeypatch.setattr(data_cli.subprocess, "run", fake_run)
-    assert data_cli.install_debian_package(data_cli.dataset_source("fashion_mnist")) is True
+    assert (
+        data_cli.install_debian_package(data_cli.builtin_datamodule("fashion_mnist").source) is True
+    )
     assert commands == [["apt-get", "install", "-y", "-q", "dataset-fashion-mnist"]]
     assert "installing Debian's package dataset-fashion-mnist" in capsys.readouterr().out
 
 
 def test_datasets_without_a_debian_package_skip_apt(monkeypatch):
     monkeypatch.setattr(data_cli.shutil, "which", lambda name: f"/usr/bin/{name}")
-    assert data_cli.install_debian_package(data_cli.dataset_source("mnist")) is False
+    assert data_cli.install_debian_package(data_cli.builtin_datamodule("mnist").source) is False

@@ -1,7 +1,5 @@
 """Our own callbacks, each in conf/callbacks/ (those about checkpoints: `litforge.checkpoints`)."""
 
-from __future__ import annotations
-
 import logging
 import math
 from collections.abc import Callable, Mapping

@@ -1,8 +1,6 @@
 """Checkpoints: writing, reading (`load_module` builds only what a checkpoint may build: it is data)
 and checking one fits the configured data and model. Which one a run continues from: `resume`."""
 
-from __future__ import annotations
-
 import logging
 import os
 import random
@@ -17,9 +15,10 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from litforge.errors import UserError, number_problem
+from litforge.errors import UserError, check_number
 
 log = logging.getLogger(__name__)
+FIX = "Point it at a checkpoint written by train.py (<run dir>/checkpoints/)."
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -47,11 +46,8 @@ class LastCheckpoint(ModelCheckpoint):
     Lightning's `save_last` saves only with a monitored checkpoint (Lightning #20245)."""
 
     def __init__(self, dirpath: str, every_n_train_steps: int | None = None) -> None:
-        problem = every_n_train_steps is not None and number_problem(
-            "every_n_train_steps", every_n_train_steps, integer=True, minimum=1
-        )
-        if problem:
-            raise ValueError(problem)
+        if every_n_train_steps is not None:
+            check_number("every_n_train_steps", every_n_train_steps, integer=True, minimum=1)
         # Not ModelCheckpoint's own every_n_train_steps: it would turn the per-epoch save off.
         self.every_n_steps = every_n_train_steps
         super().__init__(
@@ -89,12 +85,10 @@ class LastCheckpoint(ModelCheckpoint):
             self._save_checkpoint(trainer, str(self.path))
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        # Not when testing: the weights are then those of the best checkpoint.
-        if (
-            isinstance(exception, SIGTERMException)
-            and trainer.state.fn == TrainerFn.FITTING
-            and not self._saved_on_stop  # a callback that acts after the save may ask first
-        ):
+        # Not when testing (the weights are then those of the best checkpoint), nor twice: a
+        # callback that acts after the save may ask first.
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        if isinstance(exception, SIGTERMException) and fitting and not self._saved_on_stop:
             self._saved_on_stop = True
             self._save_checkpoint(trainer, str(self.path))
 
@@ -131,9 +125,6 @@ def is_whole(folder: Path) -> bool:
     return (folder / ".metadata").is_file() and (folder / "meta.pt").is_file()
 
 
-FIX = "Point it at a checkpoint written by train.py (<run dir>/checkpoints/)."
-
-
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """The checkpoint in `path` (a file, or a folder of shards), or a UserError saying why not."""
     path = Path(path).expanduser()
@@ -145,8 +136,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         if not found:
             raise UserError(
                 f"ckpt_path={path} is a folder, but neither a checkpoint nor a run folder with "
-                f"checkpoints: point it at a checkpoint written by train.py "
-                f"(<run dir>/checkpoints/last.ckpt)."
+                f"checkpoints. {FIX}"
             )
         best = [name for name in found if name != "last.ckpt"]
         choices = [f"{folder / 'last.ckpt'} (the latest)"] if "last.ckpt" in found else []

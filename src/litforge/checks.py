@@ -1,34 +1,29 @@
 """Config checks, named by their config keys, before any data is read or process launched. The
 classes check their own arguments too (for use without Hydra), and what only the data can tell."""
 
-from __future__ import annotations
-
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from litforge.errors import UserError, number_problem
 
-# key: (integer, minimum, above)
-NUMBERS = {
-    "model.optimizer.lr": (False, 0, True),
-    "model.optimizer.weight_decay": (False, 0, False),
-    "data.batch_size": (True, 1, False),
-    "data.val_size": (True, 0, False),
-    "data.crop_padding": (True, 0, False),
-    "data.num_workers": (True, 0, False),
-    "trainer.max_epochs": (True, -1, False),
-    "trainer.accumulate_grad_batches": (True, 1, False),
+NUMBERS = {  # key: what `number_problem` checks it for
+    "model.optimizer.lr": {"above": True},
+    "model.optimizer.weight_decay": {},
+    "data.batch_size": {"integer": True, "minimum": 1},
+    "data.val_size": {"integer": True},
+    "data.crop_padding": {"integer": True},
+    "data.num_workers": {"integer": True},
+    "trainer.max_epochs": {"integer": True, "minimum": -1},
+    "trainer.accumulate_grad_batches": {"integer": True, "minimum": 1},
 }
 
 
 def check_config(cfg: DictConfig, needs_checkpoint: bool = False) -> None:
     """Raise a UserError naming the first config value that cannot work."""
-    for key, (integer, minimum, above) in NUMBERS.items():
+    for key, bounds in NUMBERS.items():
         value = OmegaConf.select(cfg, key, default=None)
-        if value is not None:
-            problem = number_problem(key, value, integer=integer, minimum=minimum, above=above)
-            if problem:
-                raise UserError(f"{problem} Set {key}=...")
+        if value is not None and (problem := number_problem(key, value, **bounds)):
+            raise UserError(f"{problem} Set {key}=...")
     if cfg.get("optimized_metric_mode", "max") not in ("max", "min"):
         raise UserError(
             f"optimized_metric_mode={cfg.optimized_metric_mode} is neither max nor min. "

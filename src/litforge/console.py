@@ -1,8 +1,6 @@
 """Console output: the config in short (the tree in `config_tree.log`), the final metrics, and
 Lightning's lines without repeats and adverts."""
 
-from __future__ import annotations
-
 import logging
 import warnings
 from pathlib import Path
@@ -78,23 +76,6 @@ def _exists(group: str, option: str) -> bool:
         return True
 
 
-# Lightning's warnings that say nothing about this run: (message, category, module).
-_NOISE_WARNINGS = (
-    # Step-level logs count steps across epochs: an epoch shorter than that still logs them.
-    (
-        r"The number of training batches \(\d+\) is smaller than the logging interval",
-        UserWarning,
-        r"lightning\.pytorch\.loops\.fit_loop",
-    ),
-    # Lightning 2.6.6 with torch >= 2.10: a deprecation inside Lightning, not in user code.
-    (
-        r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-        FutureWarning,
-        r"lightning\.pytorch\.utilities\._pytree",
-    ),
-)
-
-
 def _no_adverts(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("💡 Tip:")
 
@@ -102,8 +83,21 @@ def _no_adverts(record: logging.LogRecord) -> bool:
 def quiet_lightning() -> None:
     """Each Lightning line once, without adverts and noise; idempotent, once logging is set up.
     (Lightning's loggers also reach the root's handlers: where it has a console, theirs go.)"""
-    for message, category, module in _NOISE_WARNINGS:
-        warnings.filterwarnings("ignore", message=message, category=category, module=module)
+    # Lightning's warnings that say nothing about this run. Step-level logs count steps across
+    # epochs: an epoch shorter than that still logs them.
+    warnings.filterwarnings(
+        "ignore",
+        message=r"The number of training batches \(\d+\) is smaller than the logging interval",
+        category=UserWarning,
+        module=r"lightning\.pytorch\.loops\.fit_loop",
+    )
+    # Lightning 2.6.6 with torch >= 2.10: a deprecation inside Lightning, not in user code.
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        category=FutureWarning,
+        module=r"lightning\.pytorch\.utilities\._pytree",
+    )
     ranks = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if _no_adverts not in ranks.filters:
         ranks.addFilter(_no_adverts)

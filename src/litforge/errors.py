@@ -8,8 +8,6 @@ Hydra's and OmegaConf's. An entry point gets both with two decorators; importing
     def main(cfg): ...
 """
 
-from __future__ import annotations
-
 import contextlib
 import difflib
 import functools
@@ -22,6 +20,8 @@ import sys
 import traceback
 from pathlib import Path
 from typing import Any
+
+FULL_ERROR = "LITFORGE_FULL_ERROR"  # the user's own HYDRA_FULL_ERROR, for processes main starts
 
 
 class UserError(Exception):
@@ -45,6 +45,11 @@ def number_problem(
     if value < minimum or (above and value == minimum):
         return f"{name}={value} is out of range: expected {expected}."
     return None
+
+
+def check_number(name: str, value: object, **bounds: Any) -> None:
+    if problem := number_problem(name, value, **bounds):
+        raise ValueError(problem)
 
 
 def one_line(err: BaseException) -> str | None:
@@ -126,9 +131,6 @@ def _missing_value(key: str) -> str:
                 where, meaning = f" ({group}={option})", found[1].strip() if found else ""
                 break
     return f"{key} is not set and this run needs it{where}: add {key}=<{meaning or 'a value'}>."
-
-
-FULL_ERROR = "LITFORGE_FULL_ERROR"  # the user's own HYDRA_FULL_ERROR, for processes main starts
 
 
 def _full_error() -> bool:  # the user asked for tracebacks (HYDRA_FULL_ERROR=1)

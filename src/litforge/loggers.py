@@ -1,7 +1,5 @@
 """Loggers of our own, where Lightning's need a change."""
 
-from __future__ import annotations
-
 import csv
 import logging
 import netrc

@@ -2,8 +2,6 @@
 checks → datamodule → model (`datamodule.model_arguments()`) → Trainer (what the config lists) →
 fit and test the best checkpoint, or test the module a checkpoint names → `metrics.json`."""
 
-from __future__ import annotations
-
 import contextlib
 import gc
 import json
@@ -260,7 +258,6 @@ def optimized_metric(cfg: DictConfig, metrics: dict[str, float]) -> float | None
     if not name or (name not in metrics and not cfg.get("train")):
         return None
     if name not in metrics:
-        raise UserError(
-            f"optimized_metric={name} was not logged. Logged: {', '.join(sorted(metrics))}."
-        )
+        logged = ", ".join(sorted(metrics))
+        raise UserError(f"optimized_metric={name} was not logged. Logged: {logged}.")
     return metrics[name] if math.isfinite(metrics[name]) else float("nan")

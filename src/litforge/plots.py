@@ -1,8 +1,6 @@
 """Pictures of a run: the test confusion matrix, the loss and accuracy curves. matplotlib is
 imported only to draw, non-interactive: it costs start-up time and needs no display."""
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,9 +26,8 @@ def confusion_matrix(matrix: torch.Tensor, class_names: Sequence[str], path: Pat
     ax.set_yticks(range(n), class_names)
     ax.set(xlabel="predicted", ylabel="true")
     peak = float(matrix.max()) or 1.0
-    for i in range(n):
-        for j in range(n):
-            value = int(matrix[i, j])
+    for i, row in enumerate(matrix.tolist()):
+        for j, value in enumerate(row):
             color = "white" if value > peak / 2 else "black"
             ax.text(j, i, value, ha="center", va="center", fontsize=7, color=color)
     accuracy = float(matrix.diag().sum() / matrix.sum().clamp(min=1))

@@ -1,8 +1,6 @@
 """Stopping on SIGTERM, and finding the checkpoint a run continues from (`ckpt_path=last` or
 `auto`, in the run folder `runs.run_dir` found), checked to fit the configured model and data."""
 
-from __future__ import annotations
-
 import logging
 import sys
 from collections.abc import Iterator

@@ -1,8 +1,6 @@
 """Where a run writes (a new folder, or that of the run `ckpt_path` continues), and which launcher
 started it. No torch here: the `${run_dir:...}` resolver runs before the task does."""
 
-from __future__ import annotations
-
 import os
 import socket
 from datetime import datetime

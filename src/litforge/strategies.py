@@ -2,8 +2,6 @@
 feature folders' strategies too). A strategy may check its settings (class method `prepare_run`)
 and the model and checkpoint before its processes start (`check_fit(model, ckpt_path)`)."""
 
-from __future__ import annotations
-
 import logging
 import os
 import re
@@ -20,6 +18,8 @@ from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from litforge.runs import how_to_resume
 
 log = logging.getLogger(__name__)
+# What gloo and NCCL say when a peer is gone; "pair closure": a hung peer (a plain RuntimeError).
+COMMUNICATION_ERRORS = ("gloo", "NCCL", "Connection reset", "Connection closed", "pair closure")
 
 
 class ReportsLostProcesses:
@@ -105,10 +105,6 @@ def _what_failed(exception: BaseException) -> str:
     text = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", str(exception)).strip()
     first_line = text.splitlines()[0] if text else type(exception).__name__
     return re.split(r"(?<=[a-z])\. ", first_line)[0][:200]
-
-
-# What gloo and NCCL say when a peer is gone; "pair closure": a hung peer (a plain RuntimeError).
-COMMUNICATION_ERRORS = ("gloo", "NCCL", "Connection reset", "Connection closed", "pair closure")
 
 
 def _is_communication_error(exception: BaseException) -> bool:

@@ -7,8 +7,6 @@
 A dataset name is the module name in `litforge.data` (and the config name in `conf/data/`).
 """
 
-from __future__ import annotations
-
 import argparse
 import importlib
 import inspect
@@ -32,13 +30,7 @@ def builtin_datamodule(name: str) -> type[InMemoryImageDataModule]:
     for _, obj in inspect.getmembers(module, inspect.isclass):
         if issubclass(obj, InMemoryImageDataModule) and obj.__module__ == module.__name__:
             return obj
-    raise UserError(
-        f"litforge.data.{name} defines no built-in dataset (mnist, fashion_mnist, ...)."
-    )
-
-
-def dataset_source(name: str) -> DatasetSource:
-    return builtin_datamodule(name).source
+    raise UserError(f"litforge.data.{name} has no built-in dataset (mnist, fashion_mnist, ...).")
 
 
 def install_debian_package(source: DatasetSource) -> bool:
@@ -61,7 +53,7 @@ def install_debian_package(source: DatasetSource) -> bool:
 
 
 def fetch(name: str, data_dir: str, system_dir: str, apt: bool) -> str:
-    source = dataset_source(name)
+    source = builtin_datamodule(name).source
     try:
         return str(locate(source, data_dir, system_dir))
     except DatasetNotFoundError:
@@ -75,14 +67,12 @@ def export_images(name: str, target: str, data_dir: str, system_dir: str, limit:
     import numpy as np
     from PIL import Image
 
-    target_dir = Path(target).expanduser()
-    if target_dir.exists() and any(target_dir.iterdir()):
-        raise UserError(
-            f"{target_dir} exists and is not empty: remove it or choose another folder."
-        )
+    dest = Path(target).expanduser()
+    if dest.exists() and any(dest.iterdir()):
+        raise UserError(f"{dest} exists and is not empty: remove it or choose another folder.")
     module = builtin_datamodule(name)
     files = locate(module.source, data_dir, system_dir, allow_download=True)
-    partial = target_dir.with_name(target_dir.name + ".partial")
+    partial = dest.with_name(dest.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     # Class names as folder names: a path separator would make subfolders.
     folders = [c.replace("/", "_").replace("\\", "_") for c in module.class_names]
@@ -98,10 +88,10 @@ def export_images(name: str, target: str, data_dir: str, system_dir: str, limit:
             image = Image.fromarray(np.ascontiguousarray(pixels))
             image.save(partial / split / folders[int(labels[i])] / f"{i:05d}.png")
         print(f"{split}: {count} images")
-    if target_dir.exists():
-        target_dir.rmdir()
-    partial.rename(target_dir)
-    return str(target_dir)
+    if dest.exists():
+        dest.rmdir()
+    partial.rename(dest)
+    return str(dest)
 
 
 def main(argv: list[str] | None = None) -> int:

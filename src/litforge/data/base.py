@@ -5,8 +5,6 @@ files, decode them once to uint8 tensors (cached), carve a validation split (see
 `split_seed` alone: it stays put while run seeds vary), and serve whole batches from tensors on
 the training device (`TensorBatchLoader`, no workers). Data that does not fit: `image_folder.py`."""
 
-from __future__ import annotations
-
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,7 +16,7 @@ import torch
 from litforge.data.images import normalize
 from litforge.data.loaders import BatchAugment, EpochShuffler, TensorBatchLoader
 from litforge.data.sources import DatasetSource, locate
-from litforge.errors import UserError, number_problem
+from litforge.errors import UserError, check_number
 
 log = logging.getLogger(__name__)
 
@@ -88,13 +86,9 @@ class InMemoryImageDataModule(DataModule):
         seed: int | None = 0,
     ) -> None:
         super().__init__()
-        for problem in (
-            number_problem("batch_size", batch_size, integer=True, minimum=1),
-            number_problem("val_size", val_size, integer=True, minimum=0),
-            number_problem("crop_padding", crop_padding, integer=True, minimum=0),
-        ):
-            if problem:
-                raise ValueError(problem)
+        check_number("batch_size", batch_size, integer=True, minimum=1)
+        check_number("val_size", val_size, integer=True, minimum=0)
+        check_number("crop_padding", crop_padding, integer=True, minimum=0)
         if val_size >= self.num_train_images:
             raise ValueError(
                 f"val_size={val_size} must be below the {self.num_train_images} training images "
@@ -143,12 +137,11 @@ class InMemoryImageDataModule(DataModule):
         if not self.hparams.cache or self.read_cache(directory) is not None:
             return
         path, splits = self.cache_path(directory), self.decode(directory)
+        cached = {"format": CACHE_FORMAT, "source": str(directory), "splits": splits}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(".pt.partial")
-            torch.save(
-                {"format": CACHE_FORMAT, "source": str(directory), "splits": splits}, partial
-            )
+            torch.save(cached, partial)
             partial.replace(path)  # atomic: a reader sees the old cache or the new one
         except OSError as err:  # a read-only data dir only costs the next run the decoding time
             log.warning("Could not cache decoded tensors at %s: %s", path, err)

@@ -1,7 +1,5 @@
 """CIFAR-10: 50k/10k color photos in 10 classes, 3×32×32, as pickles (`cifar-10-batches-py`)."""
 
-from __future__ import annotations
-
 import _codecs
 import pickle
 from pathlib import Path
@@ -15,6 +13,7 @@ from litforge.errors import UserError
 
 FOLDER = "cifar-10-batches-py"
 TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
+CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
 CIFAR10 = DatasetSource(
     name="cifar10",
@@ -82,18 +81,7 @@ class CIFAR10DataModule(InMemoryImageDataModule):
     source = CIFAR10
     input_shape = (3, 32, 32)
     num_train_images = 50000
-    class_names = (
-        "airplane",
-        "automobile",
-        "bird",
-        "cat",
-        "deer",
-        "dog",
-        "frog",
-        "horse",
-        "ship",
-        "truck",
-    )
+    class_names = CLASSES
     mean = (0.4914, 0.4822, 0.4465)
     std = (0.2470, 0.2435, 0.2616)
 

@@ -2,8 +2,6 @@
 a type code, the number of dimensions, one uint32 per dimension), then the array. Both datasets
 store uint8 (type code 0x08, the only one read here): images N×28×28, labels N."""
 
-from __future__ import annotations
-
 import gzip
 import math
 import struct

@@ -9,8 +9,6 @@ travels as uint8 to the training device. The path to copy for data that does not
 (nor on one disk: `litforge.streaming`). A bad folder stops the run in `inspect()`, before the
 model is built; a file that does not decode stops it (`on_bad_file="error"`) or is left out."""
 
-from __future__ import annotations
-
 import hashlib
 import json
 import logging
@@ -33,7 +31,7 @@ from litforge.data.images import (
     normalize,
 )
 from litforge.data.loaders import EpochShuffler, ResumesMidEpoch
-from litforge.errors import UserError, number_problem
+from litforge.errors import UserError, check_number
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +50,9 @@ def is_image(entry: os.DirEntry) -> bool:
     return not name.startswith(".") and name.lower().endswith(IMAGE_SUFFIXES) and entry.is_file()
 
 
-def cannot_decode(bad: str, skip_option: str = "data.on_bad_file=skip") -> UserError:
+def cannot_decode(bad: str, skip: str = "data.on_bad_file=skip") -> UserError:
     return UserError(
-        f"cannot decode {bad}: fix or remove the file, or set {skip_option} to leave such "
-        f"files out."
+        f"cannot decode {bad}: fix or remove the file, or set {skip} to leave such files out."
     )
 
 
@@ -180,30 +177,13 @@ class _EpochBatches:
 
 
 class FileBatchLoader(ResumesMidEpoch):
+    """The batches of `loader` (of `ImageFiles`, its batch sampler an `_EpochBatches`)."""
+
     batch_sampler = None  # Lightning calls `sampler.set_epoch`; this is no `DataLoader` to rewrap
 
-    def __init__(
-        self,
-        dataset: ImageFiles,
-        sampler: EpochShuffler,
-        batch_size: int,
-        num_workers: int,
-        pin_memory: bool,
-        on_bad_file: str,
-        train: bool,
-    ) -> None:
-        self.sampler, self.on_bad_file = sampler, on_bad_file
-        self._batches = _EpochBatches(sampler, batch_size, train)
-        self._loader = DataLoader(
-            dataset,
-            batch_sampler=self._batches,
-            collate_fn=_as_is,
-            num_workers=num_workers,
-            pin_memory=pin_memory,
-            persistent_workers=num_workers > 0,
-            # Its own generator for worker seeds: a resumed run's dropout masks must not shift.
-            generator=torch.Generator(),
-        )
+    def __init__(self, loader: DataLoader, on_bad_file: str) -> None:
+        self._loader, self._batches, self.on_bad_file = loader, loader.batch_sampler, on_bad_file
+        self.sampler: EpochShuffler = self._batches.sampler
         self.skipped = 0  # files that did not decode, this epoch
 
     def __len__(self) -> int:
@@ -235,14 +215,10 @@ def class_weights(counts: list[int]) -> list[float]:
 def check_image_arguments(
     batch_size, image_size, channels, crop_scale, mean, std, num_workers, balance
 ) -> tuple[float, float] | None:
-    for problem in (
-        number_problem("batch_size", batch_size, integer=True, minimum=1),
-        image_size is not None
-        and number_problem("image_size", image_size, integer=True, minimum=1),
-        number_problem("num_workers", num_workers, integer=True, minimum=0),
-    ):
-        if problem:
-            raise ValueError(problem)
+    check_number("batch_size", batch_size, integer=True, minimum=1)
+    if image_size is not None:
+        check_number("image_size", image_size, integer=True, minimum=1)
+    check_number("num_workers", num_workers, integer=True, minimum=0)
     if channels not in (None, 1, 3):
         raise ValueError(f"channels={channels!r} is not one of: 1, 3, null (as the images).")
     if crop_scale is not None and not (
@@ -290,10 +266,8 @@ class ImageDataModule(DataModule):
 
     def sample_transform(self, train: bool) -> SampleTransform:
         hp = self.hparams
-        crop_scale, flip = (hp.crop_scale, hp.horizontal_flip) if train else (None, False)
-        return SampleTransform(
-            self.channels, self.image_size, train, crop_scale, flip, hp.seed or 0
-        )
+        crop, flip = (hp.crop_scale, hp.horizontal_flip) if train else (None, False)
+        return SampleTransform(self.channels, self.image_size, train, crop, flip, hp.seed or 0)
 
     def pin_memory(self) -> bool:
         on_gpu = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
@@ -343,13 +317,9 @@ class ImageFolderDataModule(ImageDataModule):
         crop_scale = check_image_arguments(
             batch_size, image_size, channels, crop_scale, mean, std, num_workers, balance
         )
-        for problem in (
-            number_problem("val_fraction", val_fraction),
-            number_problem("test_fraction", test_fraction),
-            number_problem("stats_images", stats_images, integer=True, minimum=1),
-        ):
-            if problem:
-                raise ValueError(problem)
+        check_number("val_fraction", val_fraction)
+        check_number("test_fraction", test_fraction)
+        check_number("stats_images", stats_images, integer=True, minimum=1)
         if val_fraction + test_fraction >= 1:
             raise ValueError(
                 f"val_fraction={val_fraction} and test_fraction={test_fraction} leave no "
@@ -470,13 +440,14 @@ class ImageFolderDataModule(ImageDataModule):
         sampler = EpochShuffler(
             len(paths), shuffle=train, pad=train, seed=hp.seed, weights=weights, **self.shard()
         )
-        dataset = ImageFiles(paths, labels, self.sample_transform(train))
-        return FileBatchLoader(
-            dataset,
-            sampler,
-            hp.batch_size,
-            hp.num_workers,
-            self.pin_memory(),
-            hp.on_bad_file,
-            train,
+        loader = DataLoader(
+            ImageFiles(paths, labels, self.sample_transform(train)),
+            batch_sampler=_EpochBatches(sampler, hp.batch_size, train),
+            collate_fn=_as_is,
+            num_workers=hp.num_workers,
+            pin_memory=self.pin_memory(),
+            persistent_workers=hp.num_workers > 0,
+            # Its own generator for worker seeds: a resumed run's dropout masks must not shift.
+            generator=torch.Generator(),
         )
+        return FileBatchLoader(loader, hp.on_bad_file)

@@ -2,8 +2,6 @@
 overhead. One index tensor per epoch picks each process's samples (as `DistributedSampler`), and
 a batch is one gather, then whole-batch normalization and augmentation (on the GPU, if there)."""
 
-from __future__ import annotations
-
 import math
 from collections.abc import Iterator, Sequence
 
@@ -145,12 +143,11 @@ class TensorBatchLoader(ResumesMidEpoch):
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         device = self.images.device
         indices = self.sampler.indices().to(device)
+        skip = self.start_epoch() * self.batch_size
         generator = None
         if self.augment is not None:
             generator = torch.Generator(device=device)
             generator.manual_seed(hash((self.sampler.seed, self.sampler.epoch, self.sampler.rank)))
-        skip = self.start_epoch() * self.batch_size
-        if generator is not None:
             for start in range(0, skip, self.batch_size):  # the same draws
                 self.augment.draw(len(indices[start : start + self.batch_size]), device, generator)
         for start in range(skip, len(self) * self.batch_size, self.batch_size):

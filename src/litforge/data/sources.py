@@ -5,8 +5,6 @@ downloaded into it. Without one, the first that works of: `<root_dir>/<name>/` (
 (`apt-get install dataset-fashion-mnist`); a download into `<root_dir>/<name>/` from the mirrors,
 checked against MD5 sums. Else `DatasetNotFoundError` lists every place tried and how to fix it."""
 
-from __future__ import annotations
-
 import logging
 import socket
 from dataclasses import dataclass
@@ -48,7 +46,7 @@ def is_complete(directory: Path, source: DatasetSource) -> bool:
 def download(source: DatasetSource, target: Path) -> list[str]:
     """Try each mirror for each resource into `target`; returns the failures (empty on success).
     torchvision's helpers follow redirects and check MD5 sums."""
-    from torchvision.datasets.utils import download_and_extract_archive, download_url
+    from torchvision.datasets.utils import download_url, extract_archive
 
     created = [d for d in (target, *target.parents) if not d.exists()]  # to undo on failure
     target.mkdir(parents=True, exist_ok=True)
@@ -60,12 +58,9 @@ def download(source: DatasetSource, target: Path) -> list[str]:
             for mirror in source.mirrors:
                 url = f"{mirror}{filename}"
                 try:
+                    download_url(url, str(target), filename=filename, md5=md5)
                     if source.extract:
-                        download_and_extract_archive(
-                            url, str(target), filename=filename, md5=md5, remove_finished=True
-                        )
-                    else:
-                        download_url(url, str(target), filename=filename, md5=md5)
+                        extract_archive(str(target / filename), str(target), remove_finished=True)
                     break
                 except Exception as err:  # network errors come in many types; all mean "next"
                     failures.append(f"{url}: {err}")
@@ -114,15 +109,10 @@ def locate(
     lines += [f"  - {d}" for d in tried]
     lines.append(f"  - download: {failures[-1] if failures else 'no mirrors'}")
     if given:
-        lines.append(
-            f"Fix: put the files into {data_dir}, or leave data.data_dir unset (null) to look "
-            f"in the usual places"
-        )
+        fix = f"{data_dir}, or leave data.data_dir unset (null) to look in the usual places"
     else:
-        lines.append(
-            f"Fix: put the files into {data_dir / source.name} (or give their folder as "
-            f"data.data_dir=<folder>)"
-        )
+        fix = f"{data_dir / source.name} (or give their folder as data.data_dir=<folder>)"
+    lines.append(f"Fix: put the files into {fix}")
     if source.debian_package:
         lines.append(f"  or install Debian's copy: sudo apt-get install -y {source.debian_package}")
     lines.append(

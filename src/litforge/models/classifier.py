@@ -1,7 +1,5 @@
 """The LightningModule that trains any backbone network on a classification task."""
 
-from __future__ import annotations
-
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,7 +17,7 @@ from torchmetrics.classification import (
 )
 
 from litforge.callbacks import EpochStatistics
-from litforge.errors import UserError, number_problem
+from litforge.errors import UserError, check_number
 from litforge.models import NETWORKS, OPTIMIZERS
 
 
@@ -92,13 +90,10 @@ class ClassificationModule(L.LightningModule):
         check_buildable(net, "model.net", NETWORKS)
         check_buildable(optimizer, "model.optimizer", OPTIMIZERS, prefix=True)
         check_buildable(scheduler, "model.scheduler", OPTIMIZERS, prefix=True)
-        for problem in (
-            "lr" in optimizer and number_problem("optimizer.lr", optimizer["lr"], above=True),
-            optimizer.get("weight_decay") is not None
-            and number_problem("optimizer.weight_decay", optimizer["weight_decay"]),
-        ):
-            if problem:
-                raise ValueError(problem)
+        if "lr" in optimizer:
+            check_number("optimizer.lr", optimizer["lr"], above=True)
+        if optimizer.get("weight_decay") is not None:
+            check_number("optimizer.weight_decay", optimizer["weight_decay"])
         self.save_hyperparameters(
             {
                 "net": _plain(net),

@@ -1,7 +1,5 @@
 """A convolutional network: a trunk of conv blocks, then a classifier head."""
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 
 import torch
@@ -33,15 +31,10 @@ class CNN(nn.Module):
             raise ValueError(f"activation={activation}: choose one of {', '.join(activations)}.")
         act = activations[activation]
         blocks: list[nn.Module] = []
+        padding = kernel_size // 2
         for out_channels in channels:
-            blocks += [
-                nn.Conv2d(
-                    in_channels, out_channels, kernel_size, padding=kernel_size // 2, bias=False
-                ),
-                nn.BatchNorm2d(out_channels),
-                act(),
-                nn.MaxPool2d(2),
-            ]
+            conv = nn.Conv2d(in_channels, out_channels, kernel_size, padding=padding, bias=False)
+            blocks += [conv, nn.BatchNorm2d(out_channels), act(), nn.MaxPool2d(2)]
             in_channels = out_channels
             height, width = height // 2, width // 2
         self.features = nn.Sequential(*blocks)

@@ -1,7 +1,5 @@
 """A multilayer perceptron over flattened images."""
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from math import prod
 

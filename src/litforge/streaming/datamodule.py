@@ -384,5 +384,5 @@ class StreamingDataModule(ImageDataModule):
             batch_size=hp.batch_size,
             num_workers=hp.num_workers,
             pin_memory=self.pin_memory(),
-            generator=torch.Generator(),  # see FileBatchLoader
+            generator=torch.Generator(),  # see ImageFolderDataModule._loader
         )
