@@ -64,7 +64,8 @@ def prepare_run(cfg: DictConfig) -> None:
 
 
 def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
-    return instantiate(cfg.data)
+    # Plain lists and dicts: the settings go into checkpoints, read with weights_only=True.
+    return instantiate(cfg.data, _convert_="all")
 
 
 def build_model(cfg: DictConfig, datamodule: L.LightningDataModule) -> L.LightningModule:

@@ -352,3 +352,17 @@ def test_balancing_raises_the_recall_of_a_rare_class(tmp_path, fashion_mnist_fol
     print("recall of the rare class:", recall)
     assert recall["sampler"] > recall["none"] + 0.2, recall
     assert recall["loss"] > recall["none"] + 0.2, recall
+
+
+def test_given_statistics_and_crop_go_into_checkpoints_as_plain_values(tmp_path):
+    # From the command line they are OmegaConf lists: a checkpoint holding one would not load
+    # with weights_only=True (eval.py, resuming).
+    root = folder(tmp_path, train=6, test=2)
+    overrides = [
+        "data=image_folder", f"data.root={root}", "data.num_workers=0", "trainer.max_epochs=1",
+        "data.mean=[0.5,0.5,0.5]", "data.std=[0.25,0.25,0.25]", "data.crop_scale=[0.5,1]",
+        "logger=none", "callbacks.rich_progress_bar=null",
+    ]  # fmt: skip
+    train(compose_config("train", tmp_path, overrides))
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["datamodule_hyper_parameters"]["mean"] == [0.5, 0.5, 0.5]
