@@ -52,8 +52,10 @@ def start(cfg: DictConfig) -> None:
 
 def prepare_run(cfg: DictConfig) -> None:
     """Call the `prepare_run(cfg)` class method of each class the strategy and callbacks name: a
-    feature's own config checks and set-up, before anything is read or built."""
-    for entry in [cfg.get("strategy"), *(cfg.get("callbacks") or {}).values()]:
+    feature's own config checks and set-up, before anything is read or built. And the network's,
+    when training: it may fill in data settings it needs (a pretrained network's image size)."""
+    network = cfg.model.get("net") if cfg.get("train") and cfg.get("model") else None
+    for entry in [cfg.get("strategy"), network, *(cfg.get("callbacks") or {}).values()]:
         target = entry.get("_target_") if OmegaConf.is_dict(entry) else None
         try:
             cls = hydra.utils.get_class(target) if target else None

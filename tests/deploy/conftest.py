@@ -28,6 +28,7 @@ def trained_images(tmp_path_factory):
         "model=cnn",
         "model.net.channels=[8]",
         "model.net.hidden_size=16",
+        "model.net.pool_size=10",  # the whole map: a band's row is its class
         "trainer.max_epochs=3",
         "trainer.accelerator=cpu",  # the probabilities are compared with CPU runs
         "logger=none",

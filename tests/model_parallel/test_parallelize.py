@@ -130,8 +130,8 @@ def test_tensor_parallel_cnn_single_file_checkpoint_evaluates_and_resumes(tmp_pa
     )
     # the head's two linear layers split as a column/row pair; the convolutions are not sharded
     held = placements(tmp_path / "placements.json")
-    assert held["head.2.weight"] == (["S(0)"], ["tensor_parallel"])
-    assert held["head.5.weight"] == (["S(1)"], ["tensor_parallel"])
+    assert held["head.3.weight"] == (["S(0)"], ["tensor_parallel"])
+    assert held["head.6.weight"] == (["S(1)"], ["tensor_parallel"])
     assert held["features.0.weight"] is None
     # tensor-parallel ranks share their data: one data-parallel replica
     assert (
@@ -183,9 +183,9 @@ def test_two_by_two_mesh_on_four_processes(tmp_path, idx_data_dir):
     # the tensor-parallel shards again (a strided shard of the same dimension)
     held = placements(tmp_path / "placements.json")
     assert held["features.0.weight"] == (["S(0)"], ["data_parallel"])
-    dp_head, tp_head = held["head.2.weight"][0]
+    dp_head, tp_head = held["head.3.weight"][0]
     assert dp_head.startswith("_S(0") and tp_head == "S(0)"
-    assert held["head.5.weight"] == (["S(0)", "S(1)"], ["data_parallel", "tensor_parallel"])
+    assert held["head.6.weight"] == (["S(0)", "S(1)"], ["data_parallel", "tensor_parallel"])
     assert (run_dir / "metrics.json").is_file()
 
 

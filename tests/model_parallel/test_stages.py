@@ -142,6 +142,7 @@ def test_cnn_in_two_stages_of_two_tensor_parallel_processes(data):
         "model=cnn",
         "model.net.channels=[8,8]",
         "model.net.hidden_size=16",
+        "model.net.pool_size=7",  # the whole map: a band's row is its class
         f"data.batch_size={GLOBAL_BATCH}",
         f"trainer.limit_train_batches={STEPS}",
         progress_bar=True,

@@ -4,13 +4,30 @@ import torch
 from litforge.models.cnn import CNN
 
 
-@pytest.mark.parametrize("shape", [(1, 28, 28), (3, 32, 32)])
+def parameters(net: torch.nn.Module) -> int:
+    return sum(p.numel() for p in net.parameters())
+
+
+@pytest.mark.parametrize("shape", [(1, 28, 28), (3, 32, 32), (3, 224, 224)])
 def test_input_channels_and_size_follow_the_data(shape):
     net = CNN(input_shape=shape, num_classes=10, channels=[8, 16], hidden_size=32)
     assert net.features[0].in_channels == shape[0]
-    # two 2×2 pools: 28 → 7, 32 → 8
-    assert net.head[2].in_features == 16 * (shape[1] // 4) * (shape[2] // 4)
     assert net(torch.randn(2, *shape)).shape == (2, 10)
+
+
+def test_global_pooling_keeps_the_network_the_same_size_at_any_image_size():
+    small, large = (CNN((3, size, size), 10) for size in (32, 224))
+    assert parameters(small) == parameters(large) < 50_000
+    # A coarse map instead: pool_size² times the head's inputs, still independent of the size.
+    assert parameters(CNN((3, 224, 224), 10, pool_size=3)) == parameters(
+        CNN((3, 96, 96), 10, pool_size=3)
+    )
+
+
+def test_pool_size_keeps_where_features_are():
+    net = CNN(input_shape=(1, 28, 28), num_classes=10, channels=[8, 16], pool_size=3)
+    head = [m for m in net.head if isinstance(m, torch.nn.Linear)][0]
+    assert head.in_features == 16 * 3 * 3
 
 
 def test_too_many_blocks_for_the_image_size_is_a_clear_error():

@@ -85,6 +85,8 @@ class ClassificationModule(L.LightningModule):
         class_weights: Sequence[float] | None = None,
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
+        label_smoothing: float = 0.0,
+        backbone_lr_scale: float = 1.0,
     ) -> None:
         super().__init__()
         check_buildable(net, "model.net", NETWORKS)
@@ -94,9 +96,17 @@ class ClassificationModule(L.LightningModule):
             check_number("optimizer.lr", optimizer["lr"], above=True)
         if optimizer.get("weight_decay") is not None:
             check_number("optimizer.weight_decay", optimizer["weight_decay"])
+        check_number("model.label_smoothing", label_smoothing)
+        if label_smoothing >= 1:
+            raise ValueError(
+                f"model.label_smoothing={label_smoothing}: expected below 1 (0.1 is usual)."
+            )
+        check_number("model.backbone_lr_scale", backbone_lr_scale)
+        net = _plain(net)
         self.save_hyperparameters(
             {
-                "net": _plain(net),
+                # `pretrained*` settings start the weights; the checkpoint holds them from then on.
+                "net": {k: v for k, v in net.items() if not k.startswith("pretrained")},
                 "input_shape": list(input_shape),
                 "num_classes": int(num_classes),
                 "optimizer": _plain(optimizer),
@@ -108,11 +118,13 @@ class ClassificationModule(L.LightningModule):
                 # How the data normalized [0, 1] pixels per channel: new images get the same.
                 "mean": [float(v) for v in mean] if mean is not None else None,
                 "std": [float(v) for v in std] if std is not None else None,
+                "label_smoothing": float(label_smoothing),
+                "backbone_lr_scale": float(backbone_lr_scale),
             },
             logger=False,  # the pipeline logs the whole resolved run config instead
         )
         self.compile_net = compile  # not checkpointed: a compiled run's loads into an eager one
-        self.net = instantiate(self.hparams.net, input_shape=input_shape, num_classes=num_classes)
+        self.net = instantiate(net, input_shape=input_shape, num_classes=num_classes)
         weights = torch.tensor(class_weights, dtype=torch.float32) if class_weights else None
         self.register_buffer("class_weights", weights, persistent=False)
 
@@ -151,8 +163,10 @@ class ClassificationModule(L.LightningModule):
         return self.net(x)
 
     def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The training loss; validation and test stay unweighted, comparable across `balance`."""
-        return F.cross_entropy(logits, y, weight=self.class_weights)
+        """The training loss; validation and test stay unweighted, comparable across `balance`.
+        `y`: class indices, or per-class probabilities (`data.mix` blends images and labels)."""
+        smoothing = self.hparams.label_smoothing
+        return F.cross_entropy(logits, y, weight=self.class_weights, label_smoothing=smoothing)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int):
         x, y = batch
@@ -163,7 +177,8 @@ class ClassificationModule(L.LightningModule):
         self, logits: torch.Tensor, y: torch.Tensor, loss: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         """Each value is logged as `train/<name>` by `EpochStatistics`: add statistics here."""
-        return {"loss": loss, "acc": (logits.argmax(dim=1) == y).float().mean()}
+        labels = y.argmax(dim=1) if y.ndim > 1 else y  # a blend's larger share
+        return {"loss": loss, "acc": (logits.argmax(dim=1) == labels).float().mean()}
 
     def validation_step(self, batch, batch_idx: int) -> None:
         self.update_metrics("val", self(batch[0]), batch[1])
@@ -197,8 +212,21 @@ class ClassificationModule(L.LightningModule):
         self.test_confusion_matrix = self.test_confusion.compute().cpu()  # synced over processes
         self.test_confusion.reset()
 
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """The network's `backbone` (when it has one) learns at `backbone_lr_scale` × the rate."""
+        backbone = getattr(self.net, "backbone", None)
+        scale = self.hparams.backbone_lr_scale
+        if not isinstance(backbone, torch.nn.Module) or scale == 1:
+            return [{"params": list(self.parameters())}]
+        if "lr" not in self.hparams.optimizer:
+            raise UserError("model.backbone_lr_scale needs model.optimizer.lr to scale.")
+        in_backbone = {id(p) for p in backbone.parameters()}
+        head = [p for p in self.parameters() if id(p) not in in_backbone]
+        lr = self.hparams.optimizer["lr"] * scale
+        return [{"params": head}, {"params": list(backbone.parameters()), "lr": lr}]
+
     def configure_optimizers(self) -> dict[str, Any]:
-        optimizer = instantiate(self.hparams.optimizer)(params=self.parameters())
+        optimizer = instantiate(self.hparams.optimizer)(params=self.parameter_groups())
         if not self.hparams.scheduler:
             return {"optimizer": optimizer}
         config = dict(self.hparams.scheduler)

@@ -1,4 +1,4 @@
-"""A convolutional network: a trunk of conv blocks, then a classifier head."""
+"""A convolutional network: a trunk of conv blocks, average pooling, then a classifier head."""
 
 from collections.abc import Sequence
 
@@ -18,6 +18,7 @@ class CNN(nn.Module):
         hidden_size: int = 128,
         dropout: float = 0.25,
         activation: str = "relu",
+        pool_size: int = 1,
     ) -> None:
         super().__init__()
         in_channels, height, width = input_shape
@@ -36,12 +37,14 @@ class CNN(nn.Module):
             conv = nn.Conv2d(in_channels, out_channels, kernel_size, padding=padding, bias=False)
             blocks += [conv, nn.BatchNorm2d(out_channels), act(), nn.MaxPool2d(2)]
             in_channels = out_channels
-            height, width = height // 2, width // 2
         self.features = nn.Sequential(*blocks)
         self.head = nn.Sequential(
+            # 1: global average pooling, any image size; larger keeps a coarse map of where
+            # features are, at pool_size² times the inputs of the head's first layer.
+            nn.AdaptiveAvgPool2d(pool_size),
             nn.Flatten(),
             nn.Dropout(dropout),
-            nn.Linear(in_channels * height * width, hidden_size),
+            nn.Linear(in_channels * pool_size * pool_size, hidden_size),
             act(),
             nn.Dropout(dropout),
             nn.Linear(hidden_size, num_classes),
