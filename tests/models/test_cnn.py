@@ -33,3 +33,10 @@ def test_pool_size_keeps_where_features_are():
 def test_too_many_blocks_for_the_image_size_is_a_clear_error():
     with pytest.raises(ValueError, match="5 pooling blocks shrink 28×28 images to nothing"):
         CNN(input_shape=(1, 28, 28), num_classes=10, channels=[8] * 5)
+
+
+def test_convs_per_block_stacks_convolutions_before_each_pool():
+    net = CNN(input_shape=(1, 28, 28), num_classes=10, channels=[8, 16], convs_per_block=2)
+    layers = [type(m).__name__ for m in net.features]
+    assert layers.count("Conv2d") == 4 and layers.count("MaxPool2d") == 2
+    assert net(torch.randn(2, 1, 28, 28)).shape == (2, 10)

@@ -84,10 +84,13 @@ def parallelize_mlp(net: MLP, mesh: DeviceMesh, compile: bool, stages: list[nn.M
 
 
 def blocks_cnn(net: CNN) -> list[Block]:
-    """Each convolution block (conv, batch norm, activation, pool), then the whole head."""
-    names = [f"features.{name}" for name, _ in net.features.named_children()]
-    per_block = 4
-    return [names[i : i + per_block] for i in range(0, len(names), per_block)] + [["head"]]
+    """Each convolution block (conv, batch norm, activation per conv; pool), then the head."""
+    blocks, block = [], []
+    for name, module in net.features.named_children():
+        block.append(f"features.{name}")
+        if isinstance(module, nn.MaxPool2d):
+            blocks, block = [*blocks, block], []
+    return [*blocks, ["head"]]
 
 
 def parallelize_cnn(net: CNN, mesh: DeviceMesh, compile: bool, stages: list[nn.Module]) -> None:

@@ -19,6 +19,7 @@ class CNN(nn.Module):
         dropout: float = 0.25,
         activation: str = "relu",
         pool_size: int = 1,
+        convs_per_block: int = 1,
     ) -> None:
         super().__init__()
         in_channels, height, width = input_shape
@@ -32,11 +33,13 @@ class CNN(nn.Module):
             raise ValueError(f"activation={activation}: choose one of {', '.join(activations)}.")
         act = activations[activation]
         blocks: list[nn.Module] = []
-        padding = kernel_size // 2
+        conv_args = {"kernel_size": kernel_size, "padding": kernel_size // 2, "bias": False}
         for out_channels in channels:
-            conv = nn.Conv2d(in_channels, out_channels, kernel_size, padding=padding, bias=False)
-            blocks += [conv, nn.BatchNorm2d(out_channels), act(), nn.MaxPool2d(2)]
-            in_channels = out_channels
+            for _ in range(convs_per_block):
+                conv = nn.Conv2d(in_channels, out_channels, **conv_args)
+                blocks += [conv, nn.BatchNorm2d(out_channels), act()]
+                in_channels = out_channels
+            blocks.append(nn.MaxPool2d(2))
         self.features = nn.Sequential(*blocks)
         self.head = nn.Sequential(
             # 1: global average pooling, any image size; larger keeps a coarse map of where
