@@ -21,8 +21,7 @@ QUIET_WARNINGS = (
     (r"The number of training batches \(\d+\) is smaller than the logging interval", UserWarning),
     # Lightning 2.6.6 with torch >= 2.10: a deprecation inside Lightning, not in user code.
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
-    # DDP: these epoch values are already computed over all processes (TorchMetrics' `compute`,
-    # callbacks.EpochStatistics), which is what `sync_dist=True` would do again.
+    # DDP: values computed over all processes already (TorchMetrics, callbacks.EpochStatistics).
     (r"It is recommended to use `self\.log\('(train|val|test)/", UserWarning),
 )
 

@@ -1,12 +1,7 @@
 """Bad input ends in one line that says what is wrong and how to fix it, and exit status 1
 (`HYDRA_FULL_ERROR=1`: the traceback): `UserError` for problems our code finds, `one_line` for
-Hydra's and OmegaConf's. An entry point gets both with two decorators; importing it changes nothing:
-
-    @one_line_errors  # while main runs: Hydra's own errors too
-    @hydra.main(config_path="conf", config_name="train", version_base="1.3")
-    @reported  # the task's errors; a run folder left empty goes
-    def main(cfg): ...
-"""
+Hydra's and OmegaConf's. An entry point gets both with two decorators around `@hydra.main`, as
+train.py does; importing it changes nothing."""
 
 import contextlib
 import difflib
