@@ -79,6 +79,7 @@ def test_ddp_on_two_cpu_processes_writes_one_run_that_eval_loads(tmp_path, idx_d
     )
     # Read back from the wrapped DDP module itself (its logging data), not from our config.
     assert "DDP gradient communication hook attached: bf16_compress_hook" in output
+    assert "sync_dist=True" not in output, "Lightning's advice for values synced already"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "run"]  # no stray run dirs
     assert (run_dir / ".hydra").is_dir() and (run_dir / "metrics.json").is_file()
     assert {"train.log", "train_ddp_process_1.log"} <= {p.name for p in run_dir.iterdir()}

@@ -37,11 +37,8 @@ class _Speed(ProgressColumn):
 
 
 class RichProgressBar(_LightningRichProgressBar):
-    """Redrawn every `refresh_rate` batches on rank 0 only: Lightning's (2.6.6) redraws after every
-    batch, ~1 ms a step on a CPU (Lightning #13937, #20300). Shows this epoch's training so far."""
-
-    def __init__(self, refresh_rate: int = 20, **kwargs: Any) -> None:
-        super().__init__(refresh_rate=refresh_rate, **kwargs)
+    """Redrawn every `refresh_rate` (config: 20) batches on rank 0 only: Lightning's (2.6.6) after
+    every batch, ~1 ms a step on a CPU (Lightning #13937, #20300). Shows this epoch's training."""
 
     def configure_columns(self, trainer: L.Trainer) -> list:
         return [*super().configure_columns(trainer)[:-1], _Speed()]  # (the last: the speed)
@@ -137,7 +134,7 @@ class StopOnNonFiniteLoss(L.Callback):
     """Stop at the first NaN or infinite loss, saying where; earlier checkpoints stay untouched."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        loss = outputs.get("loss")
         if loss is None:
             return
         bad = not bool(torch.isfinite(loss.detach()))
@@ -175,8 +172,6 @@ class EpochStatistics(L.Callback):
         self.sums = None  # (Lightning skips this hook in an epoch resumed mid-way)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if not isinstance(outputs, Mapping):
-            outputs = {"loss": outputs} if isinstance(outputs, torch.Tensor) else {}
         values = {k: v for k, v in outputs.items() if k != "batch_size"}
         n = outputs.get("batch_size", extract_batch_size(batch))
         if not values or not n:
@@ -275,7 +270,7 @@ class ClassificationPlots(L.Callback):
         plots.close(figure)
 
     def _record(self) -> None:
-        if self._ended is None or self._trainer is None:
+        if self._ended is None:
             return
         metrics = self._trainer.callback_metrics
         self.epochs[self._ended] = {n: float(metrics[n]) for n in self.NAMES if n in metrics}

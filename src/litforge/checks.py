@@ -34,8 +34,7 @@ def check_config(cfg: DictConfig, needs_checkpoint: bool = False) -> None:
             "no checkpoint given: add ckpt_path=<file or folder>, e.g. "
             "logs/train/runs/<run>/checkpoints/last.ckpt"
         )
-    if "trainer" in cfg and "strategy" in cfg:
-        check_strategy(cfg)
+    check_strategy(cfg)
 
 
 def accelerator_is_cpu(accelerator: str) -> bool:

@@ -15,6 +15,15 @@ from omegaconf import DictConfig, OmegaConf
 
 # Printed first, in this order; any other top-level key follows.
 CONFIG_ORDER = ("data", "model", "strategy", "trainer", "callbacks", "logger", "paths", "extras")
+# Lightning's warnings that say nothing about this run: (message, category).
+QUIET_WARNINGS = (
+    # Step-level logs count steps across epochs: an epoch shorter than that still logs them.
+    (r"The number of training batches \(\d+\) is smaller than the logging interval", UserWarning),
+    # Lightning 2.6.6 with torch >= 2.10: a deprecation inside Lightning, not in user code.
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
+    # DDP: values computed over all processes already (TorchMetrics, callbacks.EpochStatistics).
+    (r"It is recommended to use `self\.log\('(train|val|test)/", UserWarning),
+)
 
 
 @rank_zero_only
@@ -83,21 +92,8 @@ def _no_adverts(record: logging.LogRecord) -> bool:
 def quiet_lightning() -> None:
     """Each Lightning line once, without adverts and noise; idempotent, once logging is set up.
     (Lightning's loggers also reach the root's handlers: where it has a console, theirs go.)"""
-    # Lightning's warnings that say nothing about this run. Step-level logs count steps across
-    # epochs: an epoch shorter than that still logs them.
-    warnings.filterwarnings(
-        "ignore",
-        message=r"The number of training batches \(\d+\) is smaller than the logging interval",
-        category=UserWarning,
-        module=r"lightning\.pytorch\.loops\.fit_loop",
-    )
-    # Lightning 2.6.6 with torch >= 2.10: a deprecation inside Lightning, not in user code.
-    warnings.filterwarnings(
-        "ignore",
-        message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-        category=FutureWarning,
-        module=r"lightning\.pytorch\.utilities\._pytree",
-    )
+    for message, category in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
     ranks = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if _no_adverts not in ranks.filters:
         ranks.addFilter(_no_adverts)

@@ -1,12 +1,7 @@
 """Bad input ends in one line that says what is wrong and how to fix it, and exit status 1
 (`HYDRA_FULL_ERROR=1`: the traceback): `UserError` for problems our code finds, `one_line` for
-Hydra's and OmegaConf's. An entry point gets both with two decorators; importing it changes nothing:
-
-    @one_line_errors  # while main runs: Hydra's own errors too
-    @hydra.main(config_path="conf", config_name="train", version_base="1.3")
-    @reported  # the task's errors; a run folder left empty goes
-    def main(cfg): ...
-"""
+Hydra's and OmegaConf's. An entry point gets both with two decorators around `@hydra.main`, as
+train.py does; importing it changes nothing."""
 
 import contextlib
 import difflib
@@ -103,10 +98,8 @@ def one_line(err: BaseException) -> str | None:
     if monitored := next((e for e in chain if "conditioned on metric" in str(e)), None):
         # Lightning's: a ReduceLROnPlateau's monitor that the run does not log
         return f"model.scheduler.monitor: {str(monitored).split('. Condition can')[0]}."
-    if missing := next(
-        (e for e in chain if isinstance(e, omegaconf.errors.MissingMandatoryValue)), None
-    ):
-        return _missing_value(str(missing.full_key))
+    if missing := [e for e in chain if isinstance(e, omegaconf.errors.MissingMandatoryValue)]:
+        return _missing_value(str(missing[0].full_key))
     if isinstance(err, (hydra.errors.HydraException, omegaconf.errors.OmegaConfBaseException)):
         # A resolver's UserError reaches here as text only (OmegaConf drops the exception).
         line = str(err).strip().splitlines()[0]
@@ -176,16 +169,15 @@ def reported(task):
             # Full errors: the folder stays, traceback in its log; sweeps: Hydra records a failure.
             if _full_error() or (line := one_line(err)) is None or _hydra_mode() == "MULTIRUN":
                 raise
-            for handler in logging.getLogger().handlers:  # the traceback: in train.log only
-                if isinstance(handler, logging.FileHandler):
-                    handler.stream.write(f"error: {line}\n{traceback.format_exc()}")
-                    handler.flush()
+            root = logging.getLogger()
+            log_files = [h for h in root.handlers if isinstance(h, logging.FileHandler)]
+            for handler in log_files:  # the traceback: in train.log only
+                handler.stream.write(f"error: {line}\n{traceback.format_exc()}")
+                handler.flush()
             _say_error(line)
             if new_folder is not None and _holds_only_hydra_files(new_folder, empty_logs=False):
-                root = logging.getLogger()
-                for handler in list(root.handlers):  # the log files in it: closed first
-                    file = getattr(handler, "baseFilename", None)  # a FileHandler's
-                    if file is not None and new_folder in Path(file).parents:
+                for handler in log_files:  # the log files in it: closed first
+                    if new_folder in Path(handler.baseFilename).parents:
                         root.removeHandler(handler)
                         handler.close()
                 shutil.rmtree(new_folder, ignore_errors=True)

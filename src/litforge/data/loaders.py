@@ -61,10 +61,6 @@ class BatchAugment:
         self.crop_padding, self.horizontal_flip = crop_padding, horizontal_flip
         self.black = torch.as_tensor(black, dtype=torch.float32).view(1, -1, 1, 1)
 
-    @property
-    def active(self) -> bool:
-        return self.crop_padding > 0 or self.horizontal_flip
-
     def draw(self, n: int, device: torch.device, generator: torch.Generator):
         offsets = flips = None
         if self.crop_padding > 0:
@@ -133,7 +129,7 @@ class TensorBatchLoader(ResumesMidEpoch):
     ) -> None:
         self.images, self.labels = images, labels
         self.batch_size, self.sampler = batch_size, sampler
-        self.augment = augment if augment is not None and augment.active else None
+        self.augment = augment
         self.mean = torch.tensor(mean, device=images.device).view(1, -1, 1, 1)
         self.std = torch.tensor(std, device=images.device).view(1, -1, 1, 1)
 
