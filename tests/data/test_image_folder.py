@@ -173,7 +173,7 @@ def test_processes_share_out_each_epoch(tmp_path):
         ("empty_class", "class folder"),
         ("unknown_class", "has classes the train split lacks: zebra"),
         ("stray_image", "images outside class folders"),
-        ("mixed_sizes", "set data.image_size"),
+        ("mixed_layout", "holds train/ and other folders beside it \\(owl, ...\\)"),
         ("too_few", "class 'cat' has 1 training image"),
     ],
 )
@@ -183,7 +183,9 @@ def test_a_folder_that_cannot_work_is_one_clear_error_before_training(tmp_path, 
         root.mkdir()
     if layout not in ("missing", "no_train"):
         (root / "train").mkdir()
-    if layout in ("empty_class", "unknown_class", "stray_image", "mixed_sizes"):
+    if layout == "no_train":
+        write_image_folder(root, {"val": {"cat": 1}})
+    if layout in ("empty_class", "unknown_class", "stray_image", "mixed_layout"):
         write_image_folder(root, {"train": {"cat": 2, "dog": 2}})
     if layout == "empty_class":
         (root / "train" / "owl").mkdir()
@@ -191,8 +193,8 @@ def test_a_folder_that_cannot_work_is_one_clear_error_before_training(tmp_path, 
         write_image_folder(root, {"val": {"cat": 1, "zebra": 1}})
     if layout == "stray_image":
         (root / "train" / "cat" / "0000.png").rename(root / "train" / "loose.png")
-    if layout == "mixed_sizes":
-        write_image_folder(root, {"train": {"cat": 2}}, size=(30, 30), seed=1)
+    if layout == "mixed_layout":  # a class folder beside train/
+        write_image_folder(root, {".": {"owl": 1}})
     if layout == "too_few":  # 10% of one image rounds to none, 60% to one: none left
         write_image_folder(root, {"train": {"cat": 1}})
         with pytest.raises(UserError, match=words):
