@@ -13,7 +13,7 @@ from typing import ClassVar
 import lightning as L
 import torch
 
-from litforge.data.images import normalize
+from litforge.data.images import normalize, seeded
 from litforge.data.loaders import BatchAugment, EpochShuffler, TensorBatchLoader
 from litforge.data.sources import DatasetSource, locate
 from litforge.errors import UserError, check_number
@@ -65,16 +65,13 @@ class DataModule(L.LightningDataModule):
         from torchvision.transforms import v2
 
         if getattr(self, "_mix", None) is None:
-            n, alpha = len(self.class_names), hp.mix_alpha
-            mixes = [v2.MixUp(alpha=alpha, num_classes=n), v2.CutMix(alpha=alpha, num_classes=n)]
-            self._mix = v2.RandomChoice(mixes) if hp.mix == "both" else mixes[hp.mix == "cutmix"]
-        # torchvision draws from the global generator: forked, and seeded by the batch alone
-        # (`ready`: the batches before it this epoch, counted again on resuming), so a resumed
-        # run blends as the uninterrupted one.
+            given = {"alpha": hp.mix_alpha, "num_classes": len(self.class_names)}
+            mixes = {"mixup": v2.MixUp(**given), "cutmix": v2.CutMix(**given)}
+            mixes["both"] = v2.RandomChoice(list(mixes.values()))
+            self._mix = mixes[hp.mix]
+        # Seeded by the batch: `ready` counts the batches before it this epoch, resumed runs too.
         batch_index = trainer.fit_loop.epoch_loop.batch_progress.current.ready
-        seed = hash((hp.seed or 0, trainer.current_epoch, batch_index, trainer.global_rank))
-        with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(seed & (2**63 - 1))
+        with seeded(hp.seed or 0, trainer.current_epoch, batch_index, trainer.global_rank):
             return self._mix(*batch)
 
     def shard(self) -> dict[str, int]:

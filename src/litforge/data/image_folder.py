@@ -87,8 +87,7 @@ def scan_split(folder: Path) -> Files:
 def scan(root: Path, named: str) -> dict[str, Files]:
     if not root.is_dir():
         raise UserError(
-            f"{named} is no folder. Point it at a folder holding <class>/<image> or "
-            f"train/<class>/<image> files."
+            f"{named} is no folder: point it at one of <class>/<image> or train/<class>/<image>."
         )
     with os.scandir(root) as entries:
         folders = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
@@ -429,6 +428,7 @@ class ImageFolderDataModule(ImageDataModule):
         return stored["channels"], size, stored["mean"], stored["std"]
 
     def _measure(self, files: list[Path], key: dict) -> dict:
+        """What `files` say: their channels, median shorter side, per-channel statistics."""
         hp = self.hparams
         decoded = []
         for path in files:
@@ -444,10 +444,8 @@ class ImageFolderDataModule(ImageDataModule):
         sides = [min(im.shape[1:]) for im in decoded]
         size = hp.image_size or min(statistics.median_low(sides), MAX_AUTO_SIZE)
         mean, std = channel_stats([fit(im.expand(channels, -1, -1), size) for im in decoded])
-        return {
-            "key": key, "channels": channels, "image_size": size, "mean": mean, "std": std,
-            "shorter_sides": [min(sides), max(sides)],
-        }  # fmt: skip
+        values = {"key": key, "channels": channels, "image_size": size, "mean": mean, "std": std}
+        return {**values, "shorter_sides": [min(sides), max(sides)]}
 
     def setup(self, stage: str | None = None) -> None:
         self.inspect()

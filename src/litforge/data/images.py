@@ -4,6 +4,7 @@ the epoch): the same images for any number of workers, and after a resume. Batch
 until the training device (`normalize`): a quarter of the bytes to move. No Lightning imports:
 `optimize`'s worker processes import this module."""
 
+import contextlib
 import functools
 import io
 import warnings
@@ -123,11 +124,17 @@ class SampleTransform:
             image = fit(image, self.size, self.interpolation)
         if self.augment is None:
             return image
-        # torchvision draws from the global generator, which training's dropout uses: forked,
-        # and seeded by the sample alone (Python hashes tuples of ints alike in every process).
-        with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(hash((self.seed, epoch, key)) & (2**63 - 1))
+        with seeded(self.seed, epoch, key):
             return self.augment(image)
+
+
+@contextlib.contextmanager
+def seeded(*key: int):
+    """The global generator (torchvision's transforms draw from it, and dropout) forked, seeded
+    by `key` alone: Python hashes tuples of ints alike in every process."""
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(hash(key) & (2**63 - 1))
+        yield
 
 
 def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
