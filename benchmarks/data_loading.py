@@ -19,6 +19,12 @@ pass warms up (worker start, caches); the median of `--passes` more is reported.
 
     python benchmarks/data_loading.py                  # both workloads, 0 and 2 workers
     python benchmarks/data_loading.py --workers 4 --jpegs 5000
+    python benchmarks/data_loading.py --mix            # only what `data.mix` costs, see below
+
+`--mix` times torchvision's MixUp and CutMix on a training batch of 64 3×160×160 images where
+they could run: in a loader worker (one CPU thread, float images: uint8 cannot hold a blend, so
+the batch also travels as float32, 4× the bytes) or per batch on the training device after
+normalization, as `data.mix` does; and the copy of the batch to the device, uint8 and float32.
 
 Made files are kept in `--data-dir` (default data/benchmarks) for the next run. Without
 `litforge.streaming` (a lean copy without the streaming feature, or without litdata), (c) and (d)
@@ -115,14 +121,50 @@ def images_per_second(loader, finish, passes: int) -> float:
     return statistics.median(rates[1:])
 
 
+def mix_costs(repeats: int = 50) -> None:
+    from torchvision.transforms import v2
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+
+    def median_ms(step, *args) -> float:
+        times = []
+        for _ in range(repeats + 5):  # 5 to warm up
+            sync()
+            start = time.perf_counter()
+            step(*args)
+            sync()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[5:]) * 1000
+
+    images, labels = torch.rand(64, 3, 160, 160), torch.randint(0, 10, (64,))
+    print(f"# {torch.get_num_threads()} CPU threads, {device}: ms per batch, median of {repeats}")
+    print(f"| blend | in a worker (1 CPU thread) | per batch on {device.type} |")
+    print("|---|---|---|")
+    threads = torch.get_num_threads()
+    for name, mix in (("MixUp", v2.MixUp(num_classes=10)), ("CutMix", v2.CutMix(num_classes=10))):
+        torch.set_num_threads(1)  # what DataLoader gives each worker
+        in_worker = median_ms(mix, images, labels)
+        torch.set_num_threads(threads)
+        x, y = images.to(device), labels.to(device)
+        print(f"| {name} | {in_worker:.2f} | {median_ms(mix, x, y):.2f} |")
+    if device.type == "cuda":
+        for batch in (images.mul(255).byte(), images):
+            copy = median_ms(batch.pin_memory().to, device)
+            print(f"# copy to the device, {batch.dtype}: {copy:.2f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--jpegs", type=int, default=2000, help="224×224 JPEGs to write")
     parser.add_argument("--passes", type=int, default=2, help="timed passes after the warm-up")
     parser.add_argument("--data-dir", type=Path, default=Path("data/benchmarks"))
+    parser.add_argument("--mix", action="store_true", help="only time data.mix's blends")
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
+    if args.mix:
+        return mix_costs()
 
     from litforge.data.image_folder import ImageFolderDataModule
 

@@ -224,6 +224,7 @@ def data_from_checkpoint(cfg: DictConfig, checkpoint: dict[str, Any]) -> None:
         "channels": channels,
         "mean": hp.get("mean"),
         "std": hp.get("std"),
+        "interpolation": checkpoint.get("datamodule_hyper_parameters", {}).get("interpolation"),
     }
     for key, trained in known.items():
         if trained is None or key not in cfg.data:

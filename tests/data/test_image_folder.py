@@ -4,19 +4,25 @@ import json
 import os
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from helpers import (
+    band_image,
     compose_config,
     run_in_process,
     train_recording_samples,
     write_image_folder,
     write_numbered_folder,
 )
+from omegaconf import OmegaConf
 
+from litforge.data.base import DataModule
 from litforge.data.image_folder import STATS_FILE, ImageFolderDataModule, class_weights
+from litforge.data.images import decode, fit
+from litforge.data.mnist import MNISTDataModule
 from litforge.errors import UserError
-from litforge.pipeline import train
+from litforge.pipeline import data_from_checkpoint, train
 
 CLASSES = ("cat", "dog", "fox")
 
@@ -26,6 +32,21 @@ def folder(tmp_path, train=20, test=None, **kwargs):
     if test:
         counts["test"] = dict.fromkeys(CLASSES, test)
     return write_image_folder(tmp_path / "images", counts, **kwargs)
+
+
+def photos(root, sizes=(128,), per_class=12):
+    """`root/<class>/<n>.png|.jpg`, the flat layout: RGB `band_image`s, sizes×(sizes + 16)
+    pixels, each size in turn."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for label, name in enumerate(CLASSES):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            size = sizes[i % len(sizes)]
+            image = Image.fromarray(band_image(label, rng, (size, size + 16)))
+            image.save(root / name / f"{i:04d}.{'jpg' if i % 2 else 'png'}", quality=95)
+    return root
 
 
 def make(root, **kwargs):
@@ -173,7 +194,7 @@ def test_processes_share_out_each_epoch(tmp_path):
         ("empty_class", "class folder"),
         ("unknown_class", "has classes the train split lacks: zebra"),
         ("stray_image", "images outside class folders"),
-        ("mixed_sizes", "set data.image_size"),
+        ("mixed_layout", "holds train/ and other folders beside it \\(owl, ...\\)"),
         ("too_few", "class 'cat' has 1 training image"),
     ],
 )
@@ -183,7 +204,9 @@ def test_a_folder_that_cannot_work_is_one_clear_error_before_training(tmp_path, 
         root.mkdir()
     if layout not in ("missing", "no_train"):
         (root / "train").mkdir()
-    if layout in ("empty_class", "unknown_class", "stray_image", "mixed_sizes"):
+    if layout == "no_train":
+        write_image_folder(root, {"val": {"cat": 1}})
+    if layout in ("empty_class", "unknown_class", "stray_image", "mixed_layout"):
         write_image_folder(root, {"train": {"cat": 2, "dog": 2}})
     if layout == "empty_class":
         (root / "train" / "owl").mkdir()
@@ -191,8 +214,8 @@ def test_a_folder_that_cannot_work_is_one_clear_error_before_training(tmp_path, 
         write_image_folder(root, {"val": {"cat": 1, "zebra": 1}})
     if layout == "stray_image":
         (root / "train" / "cat" / "0000.png").rename(root / "train" / "loose.png")
-    if layout == "mixed_sizes":
-        write_image_folder(root, {"train": {"cat": 2}}, size=(30, 30), seed=1)
+    if layout == "mixed_layout":  # a class folder beside train/
+        write_image_folder(root, {".": {"owl": 1}})
     if layout == "too_few":  # 10% of one image rounds to none, 60% to one: none left
         write_image_folder(root, {"train": {"cat": 1}})
         with pytest.raises(UserError, match=words):
@@ -366,3 +389,144 @@ def test_given_statistics_and_crop_go_into_checkpoints_as_plain_values(tmp_path)
     train(compose_config("train", tmp_path, overrides))
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["datamodule_hyper_parameters"]["mean"] == [0.5, 0.5, 0.5]
+
+
+def test_a_flat_folder_is_carved_into_three_splits_seeded_and_stratified(tmp_path):
+    root = photos(tmp_path / "flat", per_class=20)
+    dm = make(root, val_fraction=0.2, test_fraction=0.1)
+    assert dm.model_arguments()["input_shape"] == (3, 128, 128)
+    counts = {s: [len(dm.splits[s][c]) for c in CLASSES] for s in ("train", "val", "test")}
+    assert counts == {"train": [14] * 3, "val": [4] * 3, "test": [2] * 3}  # every class in each
+    files = [{p for c in CLASSES for p in dm.splits[s][c]} for s in ("train", "val", "test")]
+    assert sum(map(len, files)) == len(set.union(*files)) == 60  # disjoint, all of them
+    again = make(root, val_fraction=0.2, test_fraction=0.1)
+    again.inspect()
+    assert again.splits == dm.splits  # seeded
+    # the same carve as from a train/ folder of the same files
+    nested = tmp_path / "nested"
+    (nested / "train").mkdir(parents=True)
+    for c in CLASSES:
+        (nested / "train" / c).symlink_to(root / c)
+    layered = make(nested, val_fraction=0.2, test_fraction=0.1)
+    layered.inspect()
+    names = {s: {c: [p.name for p in f] for c, f in dm.splits[s].items()} for s in dm.splits}
+    assert names == {
+        s: {c: [p.name for p in f] for c, f in layered.splits[s].items()} for s in layered.splits
+    }
+
+
+def test_images_of_mixed_sizes_train_at_their_median_size(tmp_path, caplog):
+    root = photos(tmp_path / "photos", sizes=(128, 144, 160), per_class=9)
+    overrides = [
+        "data=image_folder", f"data.root={root}", "data.num_workers=0", "data.batch_size=8",
+        "model=mlp", "model.net.hidden_sizes=[32]", "trainer.max_epochs=1",
+        "trainer.accelerator=cpu", "logger=none", "callbacks.rich_progress_bar=null",
+    ]  # fmt: skip
+    with caplog.at_level("INFO"):
+        train(compose_config("train", tmp_path, overrides))
+    assert (
+        "The images have sizes from 128 to 160 px (shorter side): resizing them to 144 px "
+        "(data.image_size=144 sets it)."
+    ) in caplog.text
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["hyper_parameters"]["input_shape"] == [3, 144, 144]
+    assert make(root, image_size=96).model_arguments()["input_shape"] == (3, 96, 96)  # given
+    big = photos(tmp_path / "big", sizes=(300,), per_class=2)
+    assert make(big).model_arguments()["input_shape"] == (3, 224, 224)  # MAX_AUTO_SIZE
+
+
+def test_the_interpolation_is_that_of_every_resize_and_comes_from_checkpoints(tmp_path):
+    root = photos(tmp_path / "photos", sizes=(160,), per_class=10)
+    dm = make(root, image_size=128, interpolation="nearest", crop_scale=[0.5, 1], batch_size=64)
+    dm.setup("fit")
+    images, _ = next(iter(dm.val_dataloader()))
+    first = sorted(p for c in CLASSES[:1] for p in dm.splits["val"][c])[0]
+    decoded = decode(first.read_bytes(), 3)
+    assert torch.equal(images[0], fit(decoded, 128, "nearest"))
+    assert not torch.equal(images[0], fit(decoded, 128, "bilinear"))
+    crop = dm.sample_transform(train=True).augment.transforms[0]
+    assert crop.interpolation.value == "nearest"
+    assert make(root).hparams.interpolation == "bilinear"  # null: bilinear
+    cfg = OmegaConf.create({"ckpt_path": "last.ckpt", "data": {"interpolation": None}})
+    trained = {
+        "hyper_parameters": {"input_shape": [3, 128, 128]},
+        "datamodule_hyper_parameters": {"interpolation": "bicubic"},
+    }
+    data_from_checkpoint(cfg, trained)  # eval.py
+    assert cfg.data.interpolation == "bicubic"
+    cfg.data.interpolation = "nearest"
+    with pytest.raises(UserError, match="data.interpolation=nearest, but last.ckpt was trained"):
+        data_from_checkpoint(cfg, trained)
+
+
+def test_auto_augment_changes_training_images_only(tmp_path):
+    root = photos(tmp_path / "photos", per_class=10)
+    batches = {}
+    for policy in (None, "randaugment", "trivialaugment"):
+        dm = make(root, auto_augment=policy, batch_size=64)
+        dm.setup("fit")
+        batches[policy] = [next(iter(dm.train_dataloader()))[0], next(iter(dm.val_dataloader()))[0]]
+    for policy in ("randaugment", "trivialaugment"):
+        train_images, val_images = batches[policy]
+        assert torch.equal(val_images, batches[None][1])
+        changed = (train_images != batches[None][0]).flatten(1).any(1)
+        assert changed.float().mean() > 0.5, policy  # some policies draw "identity"
+    again = make(root, auto_augment="randaugment", batch_size=64)
+    again.setup("fit")
+    assert torch.equal(next(iter(again.train_dataloader()))[0], batches["randaugment"][0])
+
+
+@pytest.mark.parametrize("data", ["image_folder", "mnist"])
+def test_mix_blends_training_batches_only_and_still_learns(
+    tmp_path, idx_data_dir, monkeypatch, data
+):
+    seen = []  # (training?, labels) of each batch on the device
+    hook = DataModule.on_after_batch_transfer
+
+    def recording(self, batch, dataloader_idx):
+        batch = hook(self, batch, dataloader_idx)
+        seen.append((self.trainer.training, batch[1]))
+        return batch
+
+    monkeypatch.setattr(DataModule, "on_after_batch_transfer", recording)
+    if data == "mnist":  # 10 classes: band rows (helpers.learnable_images)
+        settings = [f"paths.data_dir={idx_data_dir}", "data.val_size=100"]
+    else:
+        root = photos(tmp_path / "photos", per_class=30)
+        settings = [f"data.root={root}", "data.num_workers=0"]
+    overrides = [
+        f"data={data}", *settings, "data.mix=both", "data.batch_size=16", "model=mlp",
+        "model.net.hidden_sizes=[64]", "trainer.max_epochs=4", "trainer.accelerator=cpu",
+        "logger=none", "callbacks.rich_progress_bar=null",
+    ]  # fmt: skip
+    metrics = train(compose_config("train", tmp_path, overrides))
+    soft = [labels for training, labels in seen if training]
+    hard = [labels for training, labels in seen if not training]
+    assert soft and hard
+    assert all(y.dtype == torch.float32 and y.ndim == 2 for y in soft)
+    torch.testing.assert_close(torch.cat(soft).sum(1), torch.ones(sum(map(len, soft))))
+    assert any((y.max(1).values < 0.99).any() for y in soft)  # blended, not one-hot
+    assert all(y.dtype == torch.int64 and y.ndim == 1 for y in hard)  # val, test: classes
+    assert metrics["test/acc"] >= 0.8, metrics  # chance: 0.1 or 1/3; 1.0 here
+
+
+def test_unknown_names_are_one_line_errors(tmp_path):
+    root = photos(tmp_path / "photos", per_class=2)
+    for key, value, choices in [
+        ("auto_augment", "autoaugment", "randaugment, trivialaugment, null"),
+        ("interpolation", "lanczos", "bilinear, bicubic, nearest, nearest-exact, null"),
+        ("mix", "mixcut", "mixup, cutmix, both, null"),
+    ]:
+        with pytest.raises(UserError) as error:
+            make(root, **{key: value})
+        assert str(error.value) == f"data.{key}={value} is not one of: {choices}."
+    with pytest.raises(UserError, match="data.mix=blend is not one of"):
+        MNISTDataModule(mix="blend")
+    result = run_in_process(
+        "train.py", "data=image_folder", f"data.root={root}", "data.auto_augment=rand",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )  # fmt: skip
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: data.auto_augment=rand is not one of: randaugment, trivialaugment, null."
+    )

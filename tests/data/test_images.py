@@ -87,6 +87,34 @@ def test_training_crops_are_seeded_per_sample_and_epoch():
     assert torch.equal(evaluation(data, 5, 0), evaluation(data, 5, 3))
 
 
+@pytest.mark.parametrize("policy", ["randaugment", "trivialaugment"])
+@pytest.mark.parametrize("channels", [1, 3])
+def test_auto_augment_is_seeded_per_sample_and_only_for_training(policy, channels):
+    photo = np.random.default_rng(1).integers(0, 256, (144, 176, 3)).astype(np.uint8)
+    data = encoded(photo, "PNG")
+    train = SampleTransform(channels, 128, train=True, auto_augment=policy, seed=1)
+    state = torch.get_rng_state()
+    a = train(data, key=5, epoch=2)
+    assert torch.equal(torch.get_rng_state(), state)  # dropout's generator: left as it was
+    assert a.shape == (channels, 128, 128) and a.dtype == torch.uint8
+    assert torch.equal(a, train(data, key=5, epoch=2))
+    assert any(not torch.equal(a, train(data, key=k, epoch=2)) for k in range(6, 12))
+    evaluation = SampleTransform(channels, 128, auto_augment=policy)
+    assert torch.equal(evaluation(data, 5, 2), fit(decode(data, channels), 128))
+
+
+def test_the_interpolation_is_that_of_the_resize():
+    data = encoded(np.random.default_rng(2).integers(0, 256, (160, 200, 3)).astype(np.uint8), "PNG")
+    resized = {
+        m: SampleTransform(3, 128, interpolation=m)(data, 0, 0) for m in ("bilinear", "nearest")
+    }
+    assert not torch.equal(resized["bilinear"], resized["nearest"])
+    rows = torch.arange(128) * 160 // 128  # nearest: every pixel one of the original ones
+    cols = (torch.arange(128) + 16) * 200 // 160  # the central 128 of 160
+    original = decode(data, 3)
+    assert torch.equal(resized["nearest"], original[:, rows][:, :, cols])
+
+
 def test_statistics_and_normalization_agree():
     images = [torch.randint(0, 256, (3, 10, 10), dtype=torch.uint8) for _ in range(20)]
     mean, std = channel_stats(images)

@@ -13,7 +13,7 @@ from typing import ClassVar
 import lightning as L
 import torch
 
-from litforge.data.images import normalize
+from litforge.data.images import normalize, seeded
 from litforge.data.loaders import BatchAugment, EpochShuffler, TensorBatchLoader
 from litforge.data.sources import DatasetSource, locate
 from litforge.errors import UserError, check_number
@@ -22,6 +22,12 @@ log = logging.getLogger(__name__)
 
 CACHE_FORMAT = 1  # bump when the cached tensors change meaning
 CACHE = "decoded-uint8.pt"
+MIXES = ("mixup", "cutmix", "both")
+
+
+def check_choice(key: str, value: object, choices: Sequence[str]) -> None:
+    if value is not None and value not in choices:
+        raise UserError(f"data.{key}={value} is not one of: {', '.join(choices)}, null.")
 
 
 class DataModule(L.LightningDataModule):
@@ -49,6 +55,24 @@ class DataModule(L.LightningDataModule):
     def example_input(self) -> torch.Tensor:  # what TensorBoard traces the model's graph with
         self.inspect()
         return torch.zeros(2, *self.input_shape)
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        """`data.mix`: training batches blended by MixUp, CutMix or either (`both`), on the
+        device; their labels become per-class probabilities."""
+        hp, trainer = self.hparams, self.trainer
+        if not hp.get("mix") or trainer is None or not trainer.training:
+            return batch
+        from torchvision.transforms import v2
+
+        if getattr(self, "_mix", None) is None:
+            given = {"alpha": hp.mix_alpha, "num_classes": len(self.class_names)}
+            mixes = {"mixup": v2.MixUp(**given), "cutmix": v2.CutMix(**given)}
+            mixes["both"] = v2.RandomChoice(list(mixes.values()))
+            self._mix = mixes[hp.mix]
+        # Seeded by the batch: `ready` counts the batches before it this epoch, resumed runs too.
+        batch_index = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+        with seeded(hp.seed or 0, trainer.current_epoch, batch_index, trainer.global_rank):
+            return self._mix(*batch)
 
     def shard(self) -> dict[str, int]:
         """`num_replicas` and `rank` of this process under DDP; empty otherwise."""
@@ -83,10 +107,14 @@ class InMemoryImageDataModule(DataModule):
         crop_padding: int = 0,
         horizontal_flip: bool = False,
         cache: bool = True,
+        mix: str | None = None,
+        mix_alpha: float = 1.0,
         seed: int | None = 0,
     ) -> None:
         super().__init__()
         check_number("batch_size", batch_size, integer=True, minimum=1)
+        check_choice("mix", mix, MIXES)
+        check_number("mix_alpha", mix_alpha, above=True)
         check_number("val_size", val_size, integer=True, minimum=0)
         check_number("crop_padding", crop_padding, integer=True, minimum=0)
         if val_size >= self.num_train_images:

@@ -1,8 +1,9 @@
 """Your own images: `data=image_folder data.root=DIR`.
 
-    DIR/train/<class>/<image>     required; class names are the folder names, sorted
+    DIR/train/<class>/<image>     class names are the folder names, sorted
     DIR/val/<class>/<image>       optional: else carved from train (stratified, seeded)
     DIR/test/<class>/<image>      optional: likewise
+    DIR/<class>/<image>           or this alone, all three splits carved from it
 
 Only the file list is held in memory: workers decode each batch (`images.SampleTransform`), which
 travels as uint8 to the training device. The path to copy for data that does not fit in memory
@@ -14,15 +15,18 @@ import json
 import logging
 import math
 import os
+import statistics
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from litforge.data.base import DataModule
+from litforge.data.base import MIXES, DataModule, check_choice
 from litforge.data.images import (
+    AUTO_AUGMENTS,
     IMAGE_SUFFIXES,
+    INTERPOLATIONS,
     BadImageError,
     SampleTransform,
     channel_stats,
@@ -37,7 +41,8 @@ log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
 STATS_FILE = ".litforge-stats.json"
-STATS_FORMAT = 2
+STATS_FORMAT = 3
+MAX_AUTO_SIZE = 224  # data.image_size=null: the images' median shorter side, at most this
 ON_BAD_FILE = ("error", "skip")
 BALANCES = ("none", "sampler", "loss")
 
@@ -82,18 +87,29 @@ def scan_split(folder: Path) -> Files:
 def scan(root: Path, named: str) -> dict[str, Files]:
     if not root.is_dir():
         raise UserError(
-            f"{named} is no folder. Point it at a folder holding train/<class>/<image> files."
+            f"{named} is no folder: point it at one of <class>/<image> or train/<class>/<image>."
         )
-    if not (root / "train").is_dir():
+    with os.scandir(root) as entries:
+        folders = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+    classes = [f for f in folders if f not in SPLITS]
+    if classes == folders:  # the flat layout: root/<class>/<image>
+        splits = {"train": scan_split(root)}
+    elif "train" not in folders:
         raise UserError(
             f"{named} has no train/ folder: expected {root}/train/<class>/<image> "
             f"(and optionally val/ and test/ alike)."
         )
-    splits = {s: scan_split(root / s) for s in SPLITS if (root / s).is_dir()}
+    elif classes:
+        raise UserError(
+            f"{named} holds train/ and other folders beside it ({classes[0]}, ...): move "
+            f"class folders into {root}/train/, or all out of train/ (and val/, test/)."
+        )
+    else:
+        splits = {s: scan_split(root / s) for s in SPLITS if s in folders}
     if not splits["train"]:
         raise UserError(
-            f"{named} holds no images: expected {root}/train/<class>/<image> with "
-            f"images ending in {', '.join(IMAGE_SUFFIXES)}."
+            f"{named} holds no images: expected {root}/<class>/<image> or "
+            f"{root}/train/<class>/<image> with images ending in {', '.join(IMAGE_SUFFIXES)}."
         )
     for split, files in splits.items():
         unknown = sorted(set(files) - set(splits["train"]))
@@ -266,8 +282,10 @@ class ImageDataModule(DataModule):
 
     def sample_transform(self, train: bool) -> SampleTransform:
         hp = self.hparams
-        crop, flip = (hp.crop_scale, hp.horizontal_flip) if train else (None, False)
-        return SampleTransform(self.channels, self.image_size, train, crop, flip, hp.seed or 0)
+        return SampleTransform(
+            self.channels, self.image_size, train, hp.crop_scale, hp.horizontal_flip,
+            hp.seed or 0, hp.get("auto_augment"), hp.get("interpolation", "bilinear"),
+        )  # fmt: skip
 
     def pin_memory(self) -> bool:
         on_gpu = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
@@ -282,7 +300,7 @@ class ImageDataModule(DataModule):
                 self._std_t = torch.tensor(self.std, device=device)
                 self._stats_device = device
             images = normalize(images, self._mean_t, self._std_t)
-        return images, labels
+        return super().on_after_batch_transfer((images, labels), dataloader_idx)
 
 
 class ImageFolderDataModule(ImageDataModule):
@@ -304,6 +322,10 @@ class ImageFolderDataModule(ImageDataModule):
         split_seed: int = 0,
         crop_scale: tuple[float, float] | None = None,
         horizontal_flip: bool = False,
+        auto_augment: str | None = None,
+        interpolation: str | None = None,
+        mix: str | None = None,
+        mix_alpha: float = 1.0,
         mean: list[float] | None = None,
         std: list[float] | None = None,
         stats_images: int = 500,
@@ -320,6 +342,11 @@ class ImageFolderDataModule(ImageDataModule):
         check_number("val_fraction", val_fraction)
         check_number("test_fraction", test_fraction)
         check_number("stats_images", stats_images, integer=True, minimum=1)
+        check_choice("auto_augment", auto_augment, tuple(AUTO_AUGMENTS))
+        check_choice("interpolation", interpolation, INTERPOLATIONS)
+        interpolation = interpolation or "bilinear"  # null: a checkpoint's (eval.py), else this
+        check_choice("mix", mix, MIXES)
+        check_number("mix_alpha", mix_alpha, above=True)
         if val_fraction + test_fraction >= 1:
             raise ValueError(
                 f"val_fraction={val_fraction} and test_fraction={test_fraction} leave no "
@@ -383,8 +410,26 @@ class ImageFolderDataModule(ImageDataModule):
             stored = json.loads(cache.read_text())
         except (OSError, ValueError):
             stored = {}
-        if stored.get("key") == key:
-            return stored["channels"], stored["image_size"], stored["mean"], stored["std"]
+        if stored.get("key") != key:
+            stored = self._measure(files, key)
+            partial = cache.with_name(f"{cache.name}.{os.getpid()}.partial")
+            try:
+                partial.write_text(json.dumps(stored, indent=1))
+                partial.replace(cache)  # atomic: processes writing at once leave one whole file
+            except OSError as err:  # a read-only folder costs each run a few hundred decodes
+                partial.unlink(missing_ok=True)
+                log.warning(f"Could not cache image statistics in {cache}: {err}")
+        (low, high), size = stored["shorter_sides"], stored["image_size"]
+        if hp.image_size is None and (low, high) != (size, size):
+            log.info(
+                f"The images have sizes from {low} to {high} px (shorter side): resizing them "
+                f"to {size} px ({self.settings['image_size'].format(size)} sets it)."
+            )
+        return stored["channels"], size, stored["mean"], stored["std"]
+
+    def _measure(self, files: list[Path], key: dict) -> dict:
+        """What `files` say: their channels, median shorter side, per-channel statistics."""
+        hp = self.hparams
         decoded = []
         for path in files:
             try:
@@ -394,29 +439,13 @@ class ImageFolderDataModule(ImageDataModule):
                     skip = self.settings["on_bad_file"].format("skip")
                     raise cannot_decode(f"{path} ({err})", skip) from None
         if not decoded:
-            raise UserError(f"none of the sampled images under {hp.root}/train decodes.")
+            raise UserError(f"none of the sampled training images under {hp.root} decodes.")
         channels = hp.channels or (1 if all(im.shape[0] == 1 for im in decoded) else 3)
-        size = hp.image_size
-        if size is None:
-            shapes = sorted({tuple(im.shape[1:]) for im in decoded})
-            if len(shapes) > 1:
-                shown = ", ".join(f"{h}×{w}" for h, w in shapes[:3])
-                raise UserError(
-                    f"the images under {hp.root}/train differ in size ({shown}"
-                    f"{', ...' if len(shapes) > 3 else ''}): set "
-                    f"{self.settings['image_size'].format('<pixels>')}."
-                )
-            size = min(shapes[0])
+        sides = [min(im.shape[1:]) for im in decoded]
+        size = hp.image_size or min(statistics.median_low(sides), MAX_AUTO_SIZE)
         mean, std = channel_stats([fit(im.expand(channels, -1, -1), size) for im in decoded])
         values = {"key": key, "channels": channels, "image_size": size, "mean": mean, "std": std}
-        partial = cache.with_name(f"{cache.name}.{os.getpid()}.partial")
-        try:
-            partial.write_text(json.dumps(values, indent=1))
-            partial.replace(cache)  # atomic: processes writing at once leave one whole file
-        except OSError as err:  # a read-only folder costs each run a few hundred decodes
-            partial.unlink(missing_ok=True)
-            log.warning(f"Could not cache image statistics in {cache}: {err}")
-        return channels, size, mean, std
+        return {**values, "shorter_sides": [min(sides), max(sides)]}
 
     def setup(self, stage: str | None = None) -> None:
         self.inspect()

@@ -1,12 +1,12 @@
 """Encoded image files to uint8 tensors, the same way for image folders and streaming shards.
-Each sample draws from its own generator, seeded by (run seed, epoch, place in the epoch): the
-same crops for any number of workers, and after a resume. Batches stay uint8 until the training
-device (`normalize`): a quarter of the bytes to move. No Lightning imports: `optimize`'s worker
-processes import this module."""
+Training's random transforms (torchvision's) are seeded per sample by (run seed, epoch, place in
+the epoch): the same images for any number of workers, and after a resume. Batches stay uint8
+until the training device (`normalize`): a quarter of the bytes to move. No Lightning imports:
+`optimize`'s worker processes import this module."""
 
+import contextlib
 import functools
 import io
-import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,6 +15,8 @@ import torch
 
 # What the scan of a folder counts as an image; other files (README.txt, .DS_Store) are ignored.
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+AUTO_AUGMENTS = {"randaugment": "RandAugment", "trivialaugment": "TrivialAugmentWide"}
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "nearest-exact")  # torchvision's, for tensors
 
 # torchvision 0.29 deprecates its decoders (a warning each call), but they are 1.5-3x faster than
 # PIL's here (28x28 PNG: 20 vs 64 us; 224x224 JPEG: 0.55 vs 0.83 ms): first while they exist.
@@ -77,32 +79,16 @@ def _decode_with_pil(data: bytes, channels: int | None) -> torch.Tensor:
     return torch.from_numpy(array.copy()).permute(2, 0, 1)
 
 
-def fit(image: torch.Tensor, size: int) -> torch.Tensor:
+def fit(image: torch.Tensor, size: int, interpolation: str = "bilinear") -> torch.Tensor:
+    from torchvision.transforms.v2 import InterpolationMode
     from torchvision.transforms.v2 import functional as F
 
     height, width = image.shape[-2:]
     if (height, width) == (size, size):
         return image
     if min(height, width) != size:
-        image = F.resize(image, size, antialias=True)
+        image = F.resize(image, size, InterpolationMode(interpolation), antialias=True)
     return F.center_crop(image, [size, size])
-
-
-def random_crop_box(
-    height: int, width: int, scale: Sequence[float], generator: torch.Generator
-) -> tuple[int, int, int, int]:
-    """(top, left, h, w) as torchvision's RandomResizedCrop draws them, but from `generator`:
-    torchvision's transforms draw from the global generator, which training's dropout uses."""
-    area = height * width
-    low, high = math.log(3 / 4), math.log(4 / 3)
-    for _ in range(10):
-        u = torch.rand(4, generator=generator).tolist()
-        target = area * (scale[0] + (scale[1] - scale[0]) * u[0])
-        ratio = math.exp(low + (high - low) * u[1])
-        w, h = round(math.sqrt(target * ratio)), round(math.sqrt(target / ratio))
-        if 0 < w <= width and 0 < h <= height:
-            return int(u[2] * (height - h + 1)), int(u[3] * (width - w + 1)), h, w
-    return 0, 0, height, width
 
 
 @dataclass(frozen=True)
@@ -115,24 +101,40 @@ class SampleTransform:
     crop_scale: tuple[float, float] | None = None
     horizontal_flip: bool = False
     seed: int = 0
+    auto_augment: str | None = None  # a key of AUTO_AUGMENTS
+    interpolation: str = "bilinear"  # of every resize
+
+    @functools.cached_property
+    def augment(self):  # torchvision's, or None: nothing random to do
+        from torchvision.transforms import v2
+
+        steps = [v2.RandomHorizontalFlip()] if self.horizontal_flip else []
+        if self.auto_augment is not None:
+            steps.append(getattr(v2, AUTO_AUGMENTS[self.auto_augment])())
+        if self.crop_scale is not None:
+            mode = v2.InterpolationMode(self.interpolation)
+            crop = v2.RandomResizedCrop(self.size, self.crop_scale, interpolation=mode)
+            steps.insert(0, crop)
+        return v2.Compose(steps) if self.train and steps else None
 
     def __call__(self, data: bytes | torch.Tensor, key: int, epoch: int) -> torch.Tensor:
         """`key`: the sample's place in the epoch (an image drawn twice gets two crops)."""
         image = data if isinstance(data, torch.Tensor) else decode(data, self.channels)
-        if not self.train or (self.crop_scale is None and not self.horizontal_flip):
-            return fit(image, self.size)
-        from torchvision.transforms.v2 import functional as F
+        if self.augment is None or self.crop_scale is None:
+            image = fit(image, self.size, self.interpolation)
+        if self.augment is None:
+            return image
+        with seeded(self.seed, epoch, key):
+            return self.augment(image)
 
-        # Python hashes tuples of ints the same in every process.
-        generator = torch.Generator().manual_seed(hash((self.seed, epoch, key)) & (2**63 - 1))
-        if self.crop_scale is not None:
-            top, left, h, w = random_crop_box(*image.shape[-2:], self.crop_scale, generator)
-            image = F.resized_crop(image, top, left, h, w, [self.size, self.size], antialias=True)
-        else:
-            image = fit(image, self.size)
-        if self.horizontal_flip and torch.rand(1, generator=generator).item() < 0.5:
-            image = image.flip(-1)
-        return image
+
+@contextlib.contextmanager
+def seeded(*key: int):
+    """The global generator (torchvision's transforms draw from it, and dropout) forked, seeded
+    by `key` alone: Python hashes tuples of ints alike in every process."""
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(hash(key) & (2**63 - 1))
+        yield
 
 
 def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
