@@ -14,8 +14,9 @@ one-line `description`. DEST gets the files git tracks, less those of each featu
   with nothing to check goes too);
 - Markdown without the passages marked `<!-- feature: NAME -->` ... `<!-- /feature -->`, table
   rows that link to or name the feature's files, and lines of code blocks that use them;
-- other text files (YAML, Makefile, CI scripts) without the lines that end in `# feature: NAME`;
-  the Makefile also without the targets whose recipes use the feature's files.
+- other text files (Python, YAML, Makefile, CI scripts) without the lines that end in
+  `# feature: NAME` (in Python: a whole statement on one line, such as an entry of a list); the
+  Makefile also without the targets whose recipes use the feature's files.
 
 Kept features keep their markers, so the copy can be made leaner again. DEST must be new or
 empty; the copy is written beside it and renamed, so a failure leaves nothing behind.
@@ -140,7 +141,7 @@ def read_features(pyproject: dict, tracked: list[str]) -> dict[str, Feature]:
     return features
 
 
-# --- line markers: YAML, Makefile, CI scripts, TOML -------------------------------------------
+# --- line markers: Python, YAML, Makefile, CI scripts, TOML -----------------------------------
 
 
 def drop_marked_lines(text: str, dropped: set[str], known: set[str], where: str) -> str:
@@ -599,7 +600,7 @@ def build(root: Path, dest: Path, keep: list[str]) -> dict:
             text = source.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             text = None
-        if text is not None and not name.endswith(".py"):
+        if text is not None:
             new = text
             if name.endswith(".md"):
                 new = lean_markdown(text, name, dropped, known, is_gone, mentions, gone_paths)

@@ -111,6 +111,39 @@ def parallelize_cnn(net: CNN, mesh: DeviceMesh, compile: bool, stages: list[nn.M
             fully_shard(stage, mesh=dp)
 
 
+# --- a network with a backbone and no plan of its own (model=timm) --------------------------
+
+
+def backbone_units(backbone: nn.Module) -> list[nn.Module]:
+    """What FSDP2 gathers at a time: each block of the backbone's sequences of blocks (timm's
+    `layer1`..`layer4`, `blocks`, `stages`); its stem and norms go with the whole network."""
+    return [
+        block
+        for child in backbone.children()
+        if isinstance(child, (nn.Sequential, nn.ModuleList))
+        for block in child
+        if any(block.children()) and any(p.requires_grad for p in block.parameters())
+    ]
+
+
+def blocks_backbone(net: nn.Module) -> list[Block]:
+    """One block: where such a network may be cut into pipeline stages is not known."""
+    return [[name for name, _ in net.named_children()]]
+
+
+def parallelize_backbone(
+    net: nn.Module, mesh: DeviceMesh, compile: bool, stages: list[nn.Module]
+) -> None:
+    """Data parallelism only (FSDP2): which layers could be split for tensor parallelism or
+    cut into pipeline stages is known only for the networks above (check_fit refuses both)."""
+    if compile:
+        net.compile()
+    dp = mesh["data_parallel"]
+    for block in backbone_units(net.backbone):
+        fully_shard(block, mesh=dp)
+    fully_shard(net, mesh=dp)
+
+
 # --- for every model ------------------------------------------------------------------------
 
 
@@ -136,14 +169,21 @@ PLANS: dict[type[nn.Module], tuple[Callable, Callable]] = {
 }
 
 
+def has_plan(net: nn.Module) -> bool:
+    """Whether the network has a plan of its own (tensor and pipeline parallelism too)."""
+    return type(net) in PLANS
+
+
 def plan_for(net: nn.Module) -> tuple[Callable, Callable]:
-    try:
+    """The network's plan; a network with a `backbone` and none of its own: data parallelism."""
+    if type(net) in PLANS:
         return PLANS[type(net)]
-    except KeyError:
-        raise TypeError(
-            f"strategy=model_parallel does not know how to place {type(net).__name__}: add its "
-            "blocks_* and parallelize_* functions to litforge/model_parallel/parallelize.py."
-        ) from None
+    if isinstance(getattr(net, "backbone", None), nn.Module):
+        return blocks_backbone, parallelize_backbone
+    raise TypeError(
+        f"strategy=model_parallel does not know how to place {type(net).__name__}: add its "
+        "blocks_* and parallelize_* functions to litforge/model_parallel/parallelize.py."
+    )
 
 
 def stage_ranges(num_blocks: int, num_stages: int) -> list[range]:

@@ -14,7 +14,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy as _LightningMode
 from omegaconf import DictConfig, OmegaConf
 
 from litforge.errors import UserError, number_problem
-from litforge.model_parallel.parallelize import count_blocks, parallelize
+from litforge.model_parallel.parallelize import count_blocks, has_plan, parallelize
 from litforge.model_parallel.stages import SCHEDULES, Stages, num_stages
 from litforge.strategies import ReportsLostProcesses
 
@@ -49,8 +49,18 @@ class ModelParallelStrategy(ReportsLostProcesses, _LightningModelParallelStrateg
         check_model_parallel(cfg)
 
     def check_fit(self, model: Any, ckpt_path: str | None) -> None:
-        """More stages than the network has blocks; a pipeline resuming from one file."""
-        pp = self.pipeline_parallel_size
+        """A network without a plan of its own split; more stages than the network has blocks;
+        a pipeline resuming from one file."""
+        pp, net = self.pipeline_parallel_size, getattr(model, "net", None)
+        sizes = self._data_parallel_size, self._tensor_parallel_size
+        _, tp = mesh_sizes(*sizes, self.num_processes, self.num_nodes, pp)
+        if net is not None and not has_plan(net) and (tp > 1 or pp > 1):
+            raise UserError(
+                f"model_parallel: {type(net).__name__} has no tensor/pipeline plan: use "
+                f"strategy.tensor_parallel_size=1 and strategy.pipeline_parallel_size=1 (data "
+                f"parallelism with FSDP2), or add a plan in "
+                f"src/litforge/model_parallel/parallelize.py (docs/model_parallel.md)."
+            )
         if pp <= 1:
             return
         stages, blocks = num_stages(pp, self.schedule), count_blocks(model.net)

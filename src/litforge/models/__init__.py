@@ -10,6 +10,7 @@ is data, so what it (and a training config) may build is listed here, anything e
 NETWORKS = (
     "litforge.models.mlp.MLP",
     "litforge.models.cnn.CNN",
+    "litforge.backbones.timm.TimmNet",  # feature: backbones
 )
 OPTIMIZERS = ("torch.optim.",)  # torch's optimizers and learning-rate schedulers
 

@@ -1,0 +1,38 @@
+"""Fine-tuning a pretrained backbone: `callbacks=[default,freeze_backbone]`."""
+
+from typing import Any
+
+import lightning as L
+from torch import nn
+
+from litforge.errors import UserError, check_number
+
+
+class FreezeBackbone(L.Callback):
+    """The network's `backbone` learns nothing for the first `epochs` epochs, so that a new,
+    randomly initialized head does not disturb pretrained weights with its first large
+    gradients; then it trains with the rest.
+
+    Lightning's BackboneFinetuning sets `requires_grad=False` instead, which under DDP leaves the
+    frozen parameters out of gradient synchronization for good (DDP is set up while they are
+    frozen). Here every parameter keeps its gradient, and the backbone's are dropped before each
+    optimizer step while frozen: an optimizer leaves a parameter without a gradient alone (no
+    step, no weight decay, no state). Whether to freeze follows from the epoch alone, so it is the
+    same on every process and after a resume. Batch-norm statistics still follow the new data."""
+
+    def __init__(self, epochs: int = 1) -> None:
+        check_number("epochs", epochs, integer=True)
+        self.epochs = epochs
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        net = getattr(pl_module, "net", None)
+        if stage == "fit" and not isinstance(getattr(net, "backbone", None), nn.Module):
+            raise UserError(
+                f"callbacks.freeze_backbone: {type(net).__name__} has no `backbone` to freeze: "
+                f"use a network with one (model=timm), or leave freeze_backbone out of callbacks."
+            )
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: Any, optimizer) -> None:
+        if trainer.current_epoch < self.epochs:
+            for parameter in pl_module.net.backbone.parameters():
+                parameter.grad = None
