@@ -100,7 +100,7 @@ class TimmNet(nn.Module):
             except RuntimeError as err:  # torch's load_state_dict: shapes that do not fit
                 raise UserError(
                     f"model.net.pretrained_file={path} does not fit {model_name}: "
-                    f"{' '.join(str(err).split())[:300]}"
+                    f"{_summary(err)}"
                 ) from err
             check_covered(self.backbone, path, model_name)
         elif pretrained:
@@ -109,7 +109,7 @@ class TimmNet(nn.Module):
             except (OSError, RuntimeError) as err:  # offline, or no weights for this model
                 raise UserError(
                     f"model.net.pretrained=true: the weights of {model_name} could not be fetched "
-                    f"({' '.join(str(err).split())[:200]}): {OFFLINE_HINT}."
+                    f"({_summary(err)}): {OFFLINE_HINT}."
                 ) from err
         else:
             self.backbone = timm.create_model(model_name, **options)
@@ -161,6 +161,12 @@ def fill_data_settings(data: DictConfig, model_name: str) -> None:
             f"the weights of {model_name} were trained (mean={mean}, std={std}): leave them null "
             f"to use the weights' own."
         )
+
+
+def _summary(err: Exception) -> str:
+    """The gist of another library's message, on one line."""
+    text = " ".join(str(err).split())
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _close(a: list[float], b: list[float]) -> bool:
