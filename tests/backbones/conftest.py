@@ -60,6 +60,7 @@ def _timm_args(images: Path, *extra: str) -> list[str]:
         "data.image_size=128",
         "data.num_workers=0",
         "data.batch_size=6",
+        "model.optimizer.lr=0.01",  # a few steps to learn the colours in
         "trainer.accelerator=cpu",
         "trainer.max_epochs=1",
         "logger=none",

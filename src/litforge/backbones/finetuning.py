@@ -1,11 +1,18 @@
-"""Fine-tuning a pretrained backbone: `callbacks=[default,freeze_backbone]`."""
+"""Fine-tuning: the backbone frozen while a new head learns; an average of the weights."""
 
+import warnings
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks import EMAWeightAveraging as _LightningEMA
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
 from litforge.errors import UserError, check_number
+
+# Lightning warns that WeightAveraging cannot shard layers that configure_model creates; the
+# module's configure_model creates none (it sets the weights' layout, or compiles).
+warnings.filterwarnings("ignore", message="You're using the WeightAveraging callback with a model")
 
 
 class FreezeBackbone(L.Callback):
@@ -36,3 +43,14 @@ class FreezeBackbone(L.Callback):
         if trainer.current_epoch < self.epochs:
             for parameter in pl_module.net.backbone.parameters():
                 parameter.grad = None
+
+
+class EMAWeightAveraging(_LightningEMA):
+    """Lightning's EMAWeightAveraging: validation and checkpoints get the average of the weights,
+    training goes on from the current ones. But a checkpoint tested after training (train.py
+    tests the best one) is tested with the average it holds, as eval.py tests it: Lightning's
+    would load the current weights back into the module for `trainer.test` too."""
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
+        if trainer.state.fn == TrainerFn.FITTING:  # resuming: both the average and the current
+            super().on_load_checkpoint(trainer, pl_module, checkpoint)

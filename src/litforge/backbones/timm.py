@@ -99,8 +99,7 @@ class TimmNet(nn.Module):
                 )
             except RuntimeError as err:  # torch's load_state_dict: shapes that do not fit
                 raise UserError(
-                    f"model.net.pretrained_file={path} does not fit {model_name}: "
-                    f"{_summary(err)}"
+                    f"model.net.pretrained_file={path} does not fit {model_name}: {_summary(err)}"
                 ) from err
             check_covered(self.backbone, path, model_name)
         elif pretrained:
