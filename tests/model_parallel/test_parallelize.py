@@ -246,3 +246,27 @@ def test_every_network_trains_in_every_readme_shape(tmp_path, network, shape):
     )
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert math.isfinite(metrics["train/loss"]) and "test/acc" in metrics
+
+
+class WithBackbone(torch.nn.Module):
+    """A network with no plan of its own but a `backbone` of blocks (as model=timm's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = torch.nn.Module()
+        self.backbone.stem = torch.nn.Linear(4, 4)
+        self.backbone.blocks = torch.nn.Sequential(
+            *(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()) for _ in range(2)),
+            torch.nn.Identity(),  # no parameters: nothing to shard
+        )
+        self.head = torch.nn.Linear(4, 2)
+
+
+def test_a_network_with_a_backbone_is_sharded_by_its_blocks():
+    from litforge.model_parallel.parallelize import backbone_units, count_blocks, has_plan
+
+    net = WithBackbone()
+    assert not has_plan(net) and count_blocks(net) == 1  # no cut for a pipeline is known
+    assert backbone_units(net.backbone) == [net.backbone.blocks[0], net.backbone.blocks[1]]
+    with pytest.raises(TypeError, match="does not know how to place Linear"):
+        count_blocks(torch.nn.Linear(2, 2))
