@@ -122,7 +122,8 @@ def assert_only_kept(tree: Path, kept: set[str], result: subprocess.CompletedPro
     assert broken_links(tree) == []
     gone_pages = [Path(p).name for n in set(FEATURES) - kept for p in feature_paths(n)]
     gone_pages = [page for page in gone_pages if page.endswith(".md")]
-    text_files = [p for p in tree.rglob("*") if p.is_file() and p.suffix in (".md", ".yaml", "")]
+    suffixes = (".md", ".yaml", ".py", "")
+    text_files = [p for p in tree.rglob("*") if p.is_file() and p.suffix in suffixes]
     for path in text_files:
         text = path.read_text(errors="ignore")
         if path.suffix == ".md":
@@ -152,6 +153,8 @@ def test_the_core_copy_has_no_feature(core):
     config = (core.tree / "conf" / "train.yaml").read_text()
     assert "optional sweeps" not in config and "hparams_search" not in config
     assert "restarts" not in (core.tree / "conf" / "callbacks" / "default.yaml").read_text()
+    networks = (core.tree / "src" / "litforge" / "models" / "__init__.py").read_text()
+    assert "litforge.models.cnn.CNN" in networks and "backbones" not in networks  # a Python line
 
 
 def test_the_copy_imports_its_own_src(core):
