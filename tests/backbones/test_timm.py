@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from helpers import compose_config
+from helpers import assert_option_builds, compose_config
 
 from litforge.backbones.timm import TimmNet
 from litforge.errors import UserError
@@ -207,3 +207,12 @@ def test_the_checks_run_before_any_data_is_read(tmp_path):
         configured(tmp_path, "model.net.model_name=resnet_18")
     with pytest.raises(UserError, match="no such file"):
         configured(tmp_path, f"model.net.pretrained_file={tmp_path / 'w.pth'}")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["model=timm"], ["callbacks=freeze_backbone"], ["callbacks=[default,ema]"]],
+    ids=["model=timm", "callbacks=freeze_backbone", "callbacks=ema"],
+)
+def test_the_options_compose_resolve_and_build(tmp_path, overrides):
+    assert_option_builds(tmp_path, overrides)
