@@ -216,3 +216,14 @@ def test_the_checks_run_before_any_data_is_read(tmp_path):
 )
 def test_the_options_compose_resolve_and_build(tmp_path, overrides):
     assert_option_builds(tmp_path, overrides)
+
+
+def test_timm_is_imported_only_when_a_network_needs_it():
+    import subprocess
+
+    code = "import sys, litforge.pipeline, litforge.backbones.timm, litforge.backbones.finetuning\n"
+    code += "print('timm' in sys.modules)"
+    found = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert found.stdout.strip() == "False", found.stderr[-2000:]
