@@ -202,6 +202,19 @@ def test_from_scratch_and_in_memory_data_keep_their_settings(tmp_path):
     assert cfg.data == before
 
 
+def test_a_resumed_run_needs_no_weights_file(tmp_path):
+    gone = tmp_path / "gone.safetensors"
+    cfg = configured(
+        tmp_path,
+        "data=image_folder",
+        "data.root=x",
+        f"model.net.pretrained_file={gone}",
+        f"ckpt_path={tmp_path / 'last.ckpt'}",
+    )
+    assert cfg.model.net.pretrained_file is None and not cfg.model.net.pretrained
+    assert cfg.data.image_size == 160  # the same data settings as the run it resumes
+
+
 def test_the_checks_run_before_any_data_is_read(tmp_path):
     with pytest.raises(UserError, match="model_name=resnet_18 is not a timm model"):
         configured(tmp_path, "model.net.model_name=resnet_18")

@@ -177,12 +177,14 @@ def test_a_compiled_backbone_trains(tmp_path, colour_images, timm_args):
 
 @pytest.mark.slow
 def test_a_killed_run_resumes_to_the_same_result(tmp_path, weights, colour_images, timm_args):
-    """Killed in its second epoch, as the backbone starts to train; resumed from last.ckpt."""
+    """Killed in its second epoch, as the backbone starts to train; resumed from last.ckpt once
+    the weights file is gone (the checkpoint holds the weights)."""
+    file = shutil.copy(weights, tmp_path / "weights.safetensors")
 
     def args(run: Path, *extra: str) -> list[str]:
         return timm_args(
             colour_images,
-            f"model.net.pretrained_file={weights}",
+            f"model.net.pretrained_file={file}",
             "callbacks=[default,freeze_backbone]",
             "trainer.max_epochs=2",
             "trainer.deterministic=true",
@@ -201,6 +203,7 @@ def test_a_killed_run_resumes_to_the_same_result(tmp_path, weights, colour_image
     killed = run_script("train.py", *args(run, *fault), env={"PYTHONPATH": str(ROOT / "tests")})
     assert killed.returncode == -9, killed.stderr[-3000:]
     last = run / "checkpoints" / "last.ckpt"
+    Path(file).unlink()
     resumed = run_in_process("train.py", *args(run, f"ckpt_path={last}"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_run(run, tmp_path / "uninterrupted")

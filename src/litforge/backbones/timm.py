@@ -124,11 +124,17 @@ class TimmNet(nn.Module):
         says the weights expect. Set values win; a mean or std unlike the weights' is logged."""
         net = cfg.model.net
         check_model_name(net.model_name)
-        if net.get("pretrained_file"):
+        pretrained = net.get("pretrained") or net.get("pretrained_file")
+        if pretrained and cfg.get("ckpt_path") not in (None, "auto"):
+            # Resuming: the checkpoint holds the weights, and the file may be gone by now.
+            log.info(f"Resuming from {cfg.ckpt_path}: the weights come from it.")
+            for key in ("pretrained", "pretrained_file"):
+                if key in net:
+                    net[key] = None
+        elif net.get("pretrained_file"):
             weights_file(net.pretrained_file)
-        if not (net.get("pretrained") or net.get("pretrained_file")):
-            return  # from scratch: the data's own settings
-        fill_data_settings(cfg.data, net.model_name)
+        if pretrained:
+            fill_data_settings(cfg.data, net.model_name)
 
 
 def fill_data_settings(data: DictConfig, model_name: str) -> None:
