@@ -183,15 +183,17 @@ def test_gray_images_get_the_weights_normalization_averaged(tmp_path, weights):
     assert (cfg.data.channels, list(cfg.data.mean), list(cfg.data.std)) == (1, [0.5], [0.5])
 
 
-def test_an_interpolation_setting_follows_the_weights_too(tmp_path):
+def test_the_interpolation_follows_the_weights_too(tmp_path):
+    cfg = configured(tmp_path, "data=image_folder", "data.root=x", "model.net.pretrained=true")
+    assert cfg.data.interpolation == "bilinear"  # test_resnet's; resnet18's: bicubic
     cfg = configured(
         tmp_path,
         "data=image_folder",
         "data.root=x",
-        "+data.interpolation=null",
+        "data.interpolation=nearest",
         "model.net.pretrained=true",
     )
-    assert cfg.data.interpolation == "bilinear"
+    assert cfg.data.interpolation == "nearest"
 
 
 def test_from_scratch_and_in_memory_data_keep_their_settings(tmp_path):
