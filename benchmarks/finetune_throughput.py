@@ -110,7 +110,7 @@ def litforge_rates(root: Path, args, size: int, extra: list[str]) -> tuple[float
                     f"model.net.model_name={args.model}",
                     f"trainer.max_epochs={args.epochs + 1}",
                     "trainer.accelerator=cpu",
-                    "trainer.num_sanity_val_steps=0",
+                    "+trainer.num_sanity_val_steps=0",
                     f"paths.output_dir={output_dir}",
                     "logger=none",
                     "callbacks.rich_progress_bar=null",
