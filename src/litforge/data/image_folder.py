@@ -143,16 +143,13 @@ def carve(files: Files, fractions: dict[str, float], seed: int) -> dict[str, Fil
 
 
 class ImageFiles(Dataset):
-    """Fetched a batch at a time: `__getitems__((epoch, first key, indices))`, keys numbering the
-    epoch's samples, gives uint8 images, int64 labels and the bad files ("path (reason)")."""
+    """Fetched a batch at a time: `files[(epoch, first key, indices)]`, keys numbering the epoch's
+    samples, gives uint8 images, int64 labels and the bad files ("path (reason)")."""
 
     def __init__(self, paths: list[Path], labels: list[int], transform: SampleTransform) -> None:
         self.paths, self.labels, self.transform = paths, labels, transform
 
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitems__(self, batch: tuple[int, int, list[int]]):
+    def __getitem__(self, batch: tuple[int, int, list[int]]):
         epoch, first_key, indices = batch
         images, labels, bad = [], [], []
         for key, index in enumerate(indices, start=first_key):
@@ -167,12 +164,8 @@ class ImageFiles(Dataset):
         return torch.stack(images), torch.tensor(labels), bad
 
 
-def _as_is(batch):
-    return batch  # `__getitems__` returns whole batches already
-
-
 class _EpochBatches:
-    """The batch sampler: this epoch's indices for this process in batches, from batch `skip`.
+    """The loader's sampler: this epoch's indices for this process in batches, from batch `skip`.
     Training leaves out a last batch of one image: batch norm cannot train on a single sample."""
 
     def __init__(self, sampler: EpochShuffler, batch_size: int, train: bool) -> None:
@@ -193,12 +186,10 @@ class _EpochBatches:
 
 
 class FileBatchLoader(ResumesMidEpoch):
-    """The batches of `loader` (of `ImageFiles`, its batch sampler an `_EpochBatches`)."""
-
-    batch_sampler = None  # Lightning calls `sampler.set_epoch`; this is no `DataLoader` to rewrap
+    """The batches of `loader` (of `ImageFiles`, its sampler an `_EpochBatches`)."""
 
     def __init__(self, loader: DataLoader, on_bad_file: str) -> None:
-        self._loader, self._batches, self.on_bad_file = loader, loader.batch_sampler, on_bad_file
+        self._loader, self._batches, self.on_bad_file = loader, loader.sampler, on_bad_file
         self.sampler: EpochShuffler = self._batches.sampler
         self.skipped = 0  # files that did not decode, this epoch
 
@@ -471,8 +462,8 @@ class ImageFolderDataModule(ImageDataModule):
         )
         loader = DataLoader(
             ImageFiles(paths, labels, self.sample_transform(train)),
-            batch_sampler=_EpochBatches(sampler, hp.batch_size, train),
-            collate_fn=_as_is,
+            batch_size=None,  # no batching: the sampler picks batches, `ImageFiles` loads them
+            sampler=_EpochBatches(sampler, hp.batch_size, train),
             num_workers=hp.num_workers,
             pin_memory=self.pin_memory(),
             persistent_workers=hp.num_workers > 0,

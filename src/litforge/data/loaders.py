@@ -92,6 +92,7 @@ class ResumesMidEpoch:
     """The loader state Lightning checkpoints: a run stopped mid-epoch goes on with the next batch
     of the same epoch. `__iter__` calls `start_epoch()`, then counts batches in `handed_out`."""
 
+    batch_sampler = None  # Lightning calls `sampler.set_epoch`; this is no `DataLoader` to rewrap
     sampler: EpochShuffler
     handed_out = 0  # batches of the current epoch
     _resume: dict[str, int] | None = None
@@ -114,8 +115,6 @@ class ResumesMidEpoch:
 class TensorBatchLoader(ResumesMidEpoch):
     """(images, labels) batches for Lightning from tensors on one device: uint8 images are
     normalized per batch (cheap on a GPU), float32 ones come normalized (cheaper on a CPU)."""
-
-    batch_sampler = None  # Lightning inspects it, and calls `sampler.set_epoch` each epoch
 
     def __init__(
         self,
