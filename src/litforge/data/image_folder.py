@@ -214,11 +214,6 @@ class FileBatchLoader(ResumesMidEpoch):
             yield images, labels
 
 
-def class_weights(counts: list[int]) -> list[float]:
-    total, k = sum(counts), len(counts)
-    return [round(total / (k * max(n, 1)), 6) for n in counts]
-
-
 def check_image_arguments(
     batch_size, image_size, channels, crop_scale, mean, std, num_workers, balance
 ) -> tuple[float, float] | None:
@@ -260,8 +255,10 @@ class ImageDataModule(DataModule):
 
     def model_arguments(self) -> dict[str, object]:
         arguments = super().model_arguments()
-        if self.hparams.balance == "loss":
-            arguments["class_weights"] = class_weights(self.train_counts)
+        if self.hparams.balance == "loss":  # 1 for a class of the mean count, more for rarer ones
+            total, k = sum(self.train_counts), len(self.train_counts)
+            weights = [round(total / (k * max(n, 1)), 6) for n in self.train_counts]
+            arguments["class_weights"] = weights
         return arguments
 
     def log_class_counts(self) -> None:
@@ -283,14 +280,11 @@ class ImageDataModule(DataModule):
         return on_gpu if self.hparams.pin_memory is None else self.hparams.pin_memory
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        images, labels = batch
-        if images.dtype == torch.uint8:
-            device = images.device
-            if getattr(self, "_stats_device", None) != device:  # copied to a device once
-                self._mean_t = torch.tensor(self.mean, device=device)
-                self._std_t = torch.tensor(self.std, device=device)
-                self._stats_device = device
-            images = normalize(images, self._mean_t, self._std_t)
+        images, labels = batch  # uint8 from both loaders (`ImageFiles`, the streaming shards')
+        if getattr(self, "_stats_device", None) != images.device:  # copied to a device once
+            self._stats_device = images.device
+            self._stats = [torch.tensor(v, device=images.device) for v in (self.mean, self.std)]
+        images = normalize(images, *self._stats)
         return super().on_after_batch_transfer((images, labels), dataloader_idx)
 
 
@@ -455,8 +449,7 @@ class ImageFolderDataModule(ImageDataModule):
         labels = [i for i, c in enumerate(self.class_names) for _ in files.get(c, [])]
         weights = None
         if train and hp.balance == "sampler":
-            per_class = [1 / n for n in self.train_counts]
-            weights = torch.tensor([per_class[label] for label in labels])
+            weights = torch.tensor([1 / self.train_counts[label] for label in labels])
         sampler = EpochShuffler(
             len(paths), shuffle=train, pad=train, seed=hp.seed, weights=weights, **self.shard()
         )
