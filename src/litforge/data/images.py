@@ -62,32 +62,28 @@ def decode(data: bytes, channels: int | None) -> torch.Tensor:
 
 
 def _decode_with_pil(data: bytes, channels: int | None) -> torch.Tensor:
-    import numpy as np
     from PIL import Image
+    from torchvision.transforms.v2.functional import pil_to_tensor
 
     try:
         with Image.open(io.BytesIO(data)) as opened:
             if channels is None:
                 channels = 1 if opened.mode in ("1", "L", "LA", "I", "I;16", "F") else 3
-            array = np.asarray(opened.convert("L" if channels == 1 else "RGB"))
+            return pil_to_tensor(opened.convert("L" if channels == 1 else "RGB"))
     except Image.UnidentifiedImageError:
         raise BadImageError("not an image torchvision or PIL can read") from None
     except Exception as err:  # PIL raises many types for broken files; each means "not an image"
         raise BadImageError(str(err) or type(err).__name__) from None
-    if array.ndim == 2:
-        array = array[:, :, None]
-    return torch.from_numpy(array.copy()).permute(2, 0, 1)
 
 
 def fit(image: torch.Tensor, size: int, interpolation: str = "bilinear") -> torch.Tensor:
-    from torchvision.transforms.v2 import InterpolationMode
     from torchvision.transforms.v2 import functional as F
 
     height, width = image.shape[-2:]
     if (height, width) == (size, size):
         return image
     if min(height, width) != size:
-        image = F.resize(image, size, InterpolationMode(interpolation), antialias=True)
+        image = F.resize(image, size, F.InterpolationMode(interpolation), antialias=True)
     return F.center_crop(image, [size, size])
 
 
