@@ -4,30 +4,26 @@ a batch is one gather, then whole-batch normalization and augmentation (on the G
 
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
 
+@dataclass
 class EpochShuffler:
     """This process's sample indices in an epoch, as `DistributedSampler` picks them: one
     permutation per epoch, the same on every process (the run's `seed`), padded by wrapping
     around; `pad=False` leaves the shards uneven (evaluation: no sample counted twice). Lightning
     calls `set_epoch` before each epoch, resumed runs included. `weights`: one per sample."""
 
-    def __init__(
-        self,
-        num_samples: int,
-        shuffle: bool,
-        num_replicas: int = 1,
-        rank: int = 0,
-        pad: bool = True,
-        seed: int | None = 0,
-        weights: torch.Tensor | None = None,
-    ) -> None:
-        self.num_samples, self.shuffle, self.pad = num_samples, shuffle, pad
-        self.num_replicas, self.rank, self.weights = num_replicas, rank, weights
-        self.seed = 0 if seed is None else seed
-        self.epoch = 0
+    num_samples: int
+    shuffle: bool
+    num_replicas: int = 1
+    rank: int = 0
+    pad: bool = True
+    seed: int = 0
+    weights: torch.Tensor | None = None
+    epoch: int = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
