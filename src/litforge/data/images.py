@@ -8,7 +8,6 @@ import contextlib
 import functools
 import io
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -137,7 +136,7 @@ def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> to
     return images.float().div_(255).sub_(mean.view(1, -1, 1, 1)).div_(std.view(1, -1, 1, 1))
 
 
-def channel_stats(images: Sequence[torch.Tensor]) -> tuple[list[float], list[float]]:
+def channel_stats(images: list[torch.Tensor]) -> tuple[list[float], list[float]]:
     pixels = torch.cat([image.flatten(1) for image in images], dim=1).double() / 255
     std = pixels.std(dim=1).clamp_min(1e-3)  # a blank channel must not divide by zero
     return [round(v, 4) for v in pixels.mean(dim=1).tolist()], [round(v, 4) for v in std.tolist()]

@@ -51,9 +51,7 @@ class BatchAugment:
     """Train-time augmentation of a batch of normalized images: pad by `crop_padding` black
     pixels, crop back at a random offset per image; mirror half of them with `horizontal_flip`."""
 
-    def __init__(
-        self, crop_padding: int, horizontal_flip: bool, black: torch.Tensor | Sequence[float]
-    ) -> None:
+    def __init__(self, crop_padding: int, horizontal_flip: bool, black: Sequence[float]) -> None:
         self.crop_padding, self.horizontal_flip = crop_padding, horizontal_flip
         self.black = torch.as_tensor(black, dtype=torch.float32).view(1, -1, 1, 1)
 
@@ -123,8 +121,7 @@ class TensorBatchLoader(ResumesMidEpoch):
         augment: BatchAugment | None = None,
     ) -> None:
         self.images, self.labels = images, labels
-        self.batch_size, self.sampler = batch_size, sampler
-        self.augment = augment
+        self.batch_size, self.sampler, self.augment = batch_size, sampler, augment
         self.mean = torch.tensor(mean, device=images.device).view(1, -1, 1, 1)
         self.std = torch.tensor(std, device=images.device).view(1, -1, 1, 1)
 
