@@ -43,7 +43,6 @@ SPLITS = ("train", "val", "test")
 STATS_FILE = ".litforge-stats.json"
 STATS_FORMAT = 3
 MAX_AUTO_SIZE = 224  # data.image_size=null: the images' median shorter side, at most this
-ON_BAD_FILE = ("error", "skip")
 BALANCES = ("none", "sampler", "loss")
 
 Files = dict[str, list[Path]]  # class name -> image files
@@ -337,10 +336,8 @@ class ImageFolderDataModule(ImageDataModule):
                 f"val_fraction={val_fraction} and test_fraction={test_fraction} leave no "
                 f"training images: their sum must be below 1."
             )
-        if on_bad_file not in ON_BAD_FILE:
-            raise ValueError(
-                f"on_bad_file={on_bad_file!r} is not one of: {', '.join(ON_BAD_FILE)}."
-            )
+        if on_bad_file not in ("error", "skip"):
+            raise ValueError(f"on_bad_file={on_bad_file!r} is not one of: error, skip.")
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         arguments["root"] = str(Path(root).expanduser().resolve())
         self.save_hyperparameters({"name": "image_folder", **arguments})
