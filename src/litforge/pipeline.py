@@ -250,7 +250,7 @@ def finish(cfg: DictConfig, trainer: L.Trainer, metrics: dict[str, float]) -> di
     if trainer.is_global_zero:
         output_dir = Path(cfg.paths.output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
-        metrics_json = json.dumps(dict(sorted(metrics.items())), indent=2)
+        metrics_json = json.dumps(metrics, indent=2, sort_keys=True)
         (output_dir / "metrics.json").write_text(metrics_json + "\n")
         print_metrics(metrics, output_dir)
     return metrics
