@@ -244,10 +244,6 @@ class ImageDataModule(DataModule):
     """What image folders and streaming shards share once their files are found. `inspect()`
     sets `class_names`, `channels`, `image_size`, `mean`, `std`, `train_counts` (per class)."""
 
-    channels: int
-    image_size: int
-    train_counts: list[int]
-
     @property
     def input_shape(self) -> tuple[int, int, int]:
         return self.channels, self.image_size, self.image_size
@@ -410,7 +406,6 @@ class ImageFolderDataModule(ImageDataModule):
         return stored["channels"], size, stored["mean"], stored["std"]
 
     def _measure(self, files: list[Path], key: dict) -> dict:
-        """What `files` say: their channels, median shorter side, per-channel statistics."""
         hp = self.hparams
         decoded = []
         for path in files:

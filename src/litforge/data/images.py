@@ -108,8 +108,7 @@ class SampleTransform:
             steps.append(getattr(v2, AUTO_AUGMENTS[self.auto_augment])())
         if self.crop_scale is not None:
             mode = v2.InterpolationMode(self.interpolation)
-            crop = v2.RandomResizedCrop(self.size, self.crop_scale, interpolation=mode)
-            steps.insert(0, crop)
+            steps.insert(0, v2.RandomResizedCrop(self.size, self.crop_scale, interpolation=mode))
         return v2.Compose(steps) if self.train and steps else None
 
     def __call__(self, data: bytes | torch.Tensor, key: int, epoch: int) -> torch.Tensor:
