@@ -208,8 +208,6 @@ class InMemoryImageDataModule(DataModule):
             images = normalize(images, torch.tensor(mean), torch.tensor(std))
         black = [-m / s for m, s in zip(mean, std, strict=True)]
         augment = BatchAugment(hp.crop_padding, hp.horizontal_flip, black) if train else None
-        sampler = EpochShuffler(
-            len(labels), shuffle=train, pad=train, seed=hp.seed or 0, **self.shard()
-        )
+        sampler = EpochShuffler(len(labels), train, seed=hp.seed or 0, **self.shard())
         images, labels = images.to(device), labels.to(device)
         return TensorBatchLoader(images, labels, hp.batch_size, sampler, mean, std, augment)

@@ -443,7 +443,7 @@ class ImageFolderDataModule(ImageDataModule):
         if train and hp.balance == "sampler":
             weights = torch.tensor([1 / self.train_counts[label] for label in labels])
         sampler = EpochShuffler(
-            len(paths), shuffle=train, pad=train, seed=hp.seed or 0, weights=weights, **self.shard()
+            len(paths), train, seed=hp.seed or 0, weights=weights, **self.shard()
         )
         loader = DataLoader(
             ImageFiles(paths, labels, self.sample_transform(train)),

@@ -11,16 +11,15 @@ import torch
 
 @dataclass
 class EpochShuffler:
-    """This process's sample indices in an epoch, as `DistributedSampler` picks them: one
-    permutation per epoch, the same on every process (the run's `seed`), padded by wrapping
-    around; `pad=False` leaves the shards uneven (evaluation: no sample counted twice). Lightning
-    calls `set_epoch` before each epoch, resumed runs included. `weights`: one per sample."""
+    """This process's sample indices in an epoch, as `DistributedSampler` picks them: in training,
+    one permutation per epoch, the same on every process (the run's `seed`), padded by wrapping
+    around; else in order, the shards uneven (no sample counted twice). Lightning calls
+    `set_epoch` before each epoch, resumed runs included. `weights`: one per sample."""
 
     num_samples: int
-    shuffle: bool
+    train: bool
     num_replicas: int = 1
     rank: int = 0
-    pad: bool = True
     seed: int = 0
     weights: torch.Tensor | None = None
     epoch: int = 0
@@ -29,7 +28,7 @@ class EpochShuffler:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        if self.pad:
+        if self.train:
             return math.ceil(self.num_samples / self.num_replicas)
         return len(range(self.rank, self.num_samples, self.num_replicas))
 
@@ -37,11 +36,11 @@ class EpochShuffler:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         if self.weights is not None:
             order = torch.multinomial(self.weights, self.num_samples, True, generator=generator)
-        elif self.shuffle:
+        elif self.train:
             order = torch.randperm(self.num_samples, generator=generator)
         else:
             order = torch.arange(self.num_samples)
-        if self.pad and self.num_replicas > 1:
+        if self.train and self.num_replicas > 1:
             total = len(self) * self.num_replicas
             order = order.repeat(math.ceil(total / self.num_samples))[:total]
         return order[self.rank :: self.num_replicas]
