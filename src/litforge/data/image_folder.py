@@ -63,8 +63,7 @@ def cannot_decode(bad: str, skip: str = "data.on_bad_file=skip") -> UserError:
 def scan_split(folder: Path) -> Files:
     with os.scandir(folder) as entries:
         entries = sorted(entries, key=lambda e: e.name)
-    stray = [e.name for e in entries if is_image(e)]
-    if stray:
+    if stray := [e.name for e in entries if is_image(e)]:
         raise UserError(
             f"{folder} holds images outside class folders ({stray[0]}, ...): put each image "
             f"into {folder}/<class name>/."
@@ -111,8 +110,7 @@ def scan(root: Path, named: str) -> dict[str, Files]:
             f"{root}/train/<class>/<image> with images ending in {', '.join(IMAGE_SUFFIXES)}."
         )
     for split, files in splits.items():
-        unknown = sorted(set(files) - set(splits["train"]))
-        if unknown:
+        if unknown := sorted(set(files) - set(splits["train"])):
             raise UserError(
                 f"{root / split} has classes the train split lacks: {', '.join(unknown)}. "
                 f"Add their images to {root / 'train'} or remove them from {root / split}."
@@ -439,9 +437,8 @@ class ImageFolderDataModule(ImageDataModule):
         files = self.splits[split]
         paths = [p for c in self.class_names for p in files.get(c, [])]
         labels = [i for i, c in enumerate(self.class_names) for _ in files.get(c, [])]
-        weights = None
-        if train and hp.balance == "sampler":
-            weights = torch.tensor([1 / self.train_counts[label] for label in labels])
+        by_sampler = train and hp.balance == "sampler"
+        weights = torch.tensor([1 / self.train_counts[i] for i in labels]) if by_sampler else None
         sampler = EpochShuffler(
             len(paths), train, seed=hp.seed or 0, weights=weights, **self.shard()
         )
