@@ -18,7 +18,7 @@ from hydra.errors import InstantiationException
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from litforge import checkpoints, resume
 from litforge.checks import check_config
@@ -158,8 +158,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if ckpt_path == "auto":  # before the loggers, which append to a resumed run's logs
         found = resume.auto_checkpoint(cfg.paths.output_dir, fitting=fitting)
         ckpt_path = str(found) if found else None
-    with open_dict(cfg):
-        cfg.ckpt_path = ckpt_path
+    cfg.ckpt_path = ckpt_path  # train.yaml has the key: the run's logged config gets the path
     datamodule = build_datamodule(cfg)
     model = build_model(cfg, datamodule)
     trainer = build_trainer(cfg)
@@ -250,7 +249,7 @@ def finish(cfg: DictConfig, trainer: L.Trainer, metrics: dict[str, float]) -> di
     if trainer.is_global_zero:
         output_dir = Path(cfg.paths.output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
-        metrics_json = json.dumps(dict(sorted(metrics.items())), indent=2)
+        metrics_json = json.dumps(metrics, indent=2, sort_keys=True)
         (output_dir / "metrics.json").write_text(metrics_json + "\n")
         print_metrics(metrics, output_dir)
     return metrics

@@ -11,7 +11,7 @@ from litforge.data.loaders import BatchAugment, EpochShuffler, TensorBatchLoader
 def test_shards_match_distributed_sampler(n, replicas):
     for epoch in (0, 1):
         for rank in range(replicas):
-            ours = EpochShuffler(n, shuffle=True, num_replicas=replicas, rank=rank, seed=5)
+            ours = EpochShuffler(n, train=True, num_replicas=replicas, rank=rank, seed=5)
             theirs = DistributedSampler(range(n), num_replicas=replicas, rank=rank, seed=5)
             ours.set_epoch(epoch)
             theirs.set_epoch(epoch)
@@ -23,7 +23,7 @@ def test_shards_cover_the_epoch_and_change_with_it():
     def shards(epoch):
         out = []
         for rank in range(2):
-            sampler = EpochShuffler(9, shuffle=True, num_replicas=2, rank=rank, seed=0)
+            sampler = EpochShuffler(9, train=True, num_replicas=2, rank=rank, seed=0)
             sampler.set_epoch(epoch)
             out.append(sampler.indices().tolist())
         return out
@@ -35,7 +35,7 @@ def test_shards_cover_the_epoch_and_change_with_it():
 
 
 def test_evaluation_shards_are_uneven_and_disjoint():
-    parts = [EpochShuffler(9, shuffle=False, num_replicas=2, rank=r, pad=False) for r in (0, 1)]
+    parts = [EpochShuffler(9, train=False, num_replicas=2, rank=r) for r in (0, 1)]
     assert [p.indices().tolist() for p in parts] == [[0, 2, 4, 6, 8], [1, 3, 5, 7]]
     assert [len(p) for p in parts] == [5, 4]
 
@@ -47,7 +47,7 @@ def test_loader_normalizes_uint8_like_precomputed_floats():
     normalized = (images.float() / 255 - 0.3) / 0.2
 
     def batches(x):
-        sampler = EpochShuffler(10, shuffle=False)
+        sampler = EpochShuffler(10, train=False)
         return list(TensorBatchLoader(x, labels, 4, sampler, mean, std))
 
     from_uint8, from_float = batches(images), batches(normalized)

@@ -32,7 +32,8 @@ def check_choice(key: str, value: object, choices: Sequence[str]) -> None:
 
 class DataModule(L.LightningDataModule):
     """The model is built with `model_arguments()` (checkpoints keep them for predict.py,
-    export.py, serve.py); `input_shape`, `class_names`, `mean`, `std` are set by `inspect()`."""
+    export.py, serve.py); `input_shape`, `class_names`, `mean`, `std` are set by `inspect()`.
+    A subclass gives each split's batches: `_loader(split, train)`."""
 
     input_shape: tuple[int, int, int]  # channels, height, width
     class_names: tuple[str, ...]
@@ -77,9 +78,6 @@ class DataModule(L.LightningDataModule):
     def shard(self) -> dict[str, int]:
         """`num_replicas` and `rank` of this process under DDP; empty otherwise."""
         return (self.trainer.distributed_sampler_kwargs if self.trainer is not None else None) or {}
-
-    def _loader(self, split: str, train: bool):
-        raise NotImplementedError
 
     def train_dataloader(self):
         return self._loader("train", train=True)
@@ -208,6 +206,6 @@ class InMemoryImageDataModule(DataModule):
             images = normalize(images, torch.tensor(mean), torch.tensor(std))
         black = [-m / s for m, s in zip(mean, std, strict=True)]
         augment = BatchAugment(hp.crop_padding, hp.horizontal_flip, black) if train else None
-        sampler = EpochShuffler(len(labels), shuffle=train, pad=train, seed=hp.seed, **self.shard())
+        sampler = EpochShuffler(len(labels), train, seed=hp.seed or 0, **self.shard())
         images, labels = images.to(device), labels.to(device)
         return TensorBatchLoader(images, labels, hp.batch_size, sampler, mean, std, augment)

@@ -43,7 +43,6 @@ SPLITS = ("train", "val", "test")
 STATS_FILE = ".litforge-stats.json"
 STATS_FORMAT = 3
 MAX_AUTO_SIZE = 224  # data.image_size=null: the images' median shorter side, at most this
-ON_BAD_FILE = ("error", "skip")
 BALANCES = ("none", "sampler", "loss")
 
 Files = dict[str, list[Path]]  # class name -> image files
@@ -64,8 +63,7 @@ def cannot_decode(bad: str, skip: str = "data.on_bad_file=skip") -> UserError:
 def scan_split(folder: Path) -> Files:
     with os.scandir(folder) as entries:
         entries = sorted(entries, key=lambda e: e.name)
-    stray = [e.name for e in entries if is_image(e)]
-    if stray:
+    if stray := [e.name for e in entries if is_image(e)]:
         raise UserError(
             f"{folder} holds images outside class folders ({stray[0]}, ...): put each image "
             f"into {folder}/<class name>/."
@@ -112,8 +110,7 @@ def scan(root: Path, named: str) -> dict[str, Files]:
             f"{root}/train/<class>/<image> with images ending in {', '.join(IMAGE_SUFFIXES)}."
         )
     for split, files in splits.items():
-        unknown = sorted(set(files) - set(splits["train"]))
-        if unknown:
+        if unknown := sorted(set(files) - set(splits["train"])):
             raise UserError(
                 f"{root / split} has classes the train split lacks: {', '.join(unknown)}. "
                 f"Add their images to {root / 'train'} or remove them from {root / split}."
@@ -143,16 +140,13 @@ def carve(files: Files, fractions: dict[str, float], seed: int) -> dict[str, Fil
 
 
 class ImageFiles(Dataset):
-    """Fetched a batch at a time: `__getitems__((epoch, first key, indices))`, keys numbering the
-    epoch's samples, gives uint8 images, int64 labels and the bad files ("path (reason)")."""
+    """Fetched a batch at a time: `files[(epoch, first key, indices)]`, keys numbering the epoch's
+    samples, gives uint8 images, int64 labels and the bad files ("path (reason)")."""
 
     def __init__(self, paths: list[Path], labels: list[int], transform: SampleTransform) -> None:
         self.paths, self.labels, self.transform = paths, labels, transform
 
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitems__(self, batch: tuple[int, int, list[int]]):
+    def __getitem__(self, batch: tuple[int, int, list[int]]):
         epoch, first_key, indices = batch
         images, labels, bad = [], [], []
         for key, index in enumerate(indices, start=first_key):
@@ -167,12 +161,8 @@ class ImageFiles(Dataset):
         return torch.stack(images), torch.tensor(labels), bad
 
 
-def _as_is(batch):
-    return batch  # `__getitems__` returns whole batches already
-
-
 class _EpochBatches:
-    """The batch sampler: this epoch's indices for this process in batches, from batch `skip`.
+    """The loader's sampler: this epoch's indices for this process in batches, from batch `skip`.
     Training leaves out a last batch of one image: batch norm cannot train on a single sample."""
 
     def __init__(self, sampler: EpochShuffler, batch_size: int, train: bool) -> None:
@@ -193,12 +183,10 @@ class _EpochBatches:
 
 
 class FileBatchLoader(ResumesMidEpoch):
-    """The batches of `loader` (of `ImageFiles`, its batch sampler an `_EpochBatches`)."""
-
-    batch_sampler = None  # Lightning calls `sampler.set_epoch`; this is no `DataLoader` to rewrap
+    """The batches of `loader` (of `ImageFiles`, its sampler an `_EpochBatches`)."""
 
     def __init__(self, loader: DataLoader, on_bad_file: str) -> None:
-        self._loader, self._batches, self.on_bad_file = loader, loader.batch_sampler, on_bad_file
+        self._loader, self._batches, self.on_bad_file = loader, loader.sampler, on_bad_file
         self.sampler: EpochShuffler = self._batches.sampler
         self.skipped = 0  # files that did not decode, this epoch
 
@@ -221,11 +209,6 @@ class FileBatchLoader(ResumesMidEpoch):
                 log.warning(f"Left out {line} ({self.skipped} this epoch; data.on_bad_file=skip)")
             self.handed_out += 1
             yield images, labels
-
-
-def class_weights(counts: list[int]) -> list[float]:
-    total, k = sum(counts), len(counts)
-    return [round(total / (k * max(n, 1)), 6) for n in counts]
 
 
 def check_image_arguments(
@@ -259,18 +242,16 @@ class ImageDataModule(DataModule):
     """What image folders and streaming shards share once their files are found. `inspect()`
     sets `class_names`, `channels`, `image_size`, `mean`, `std`, `train_counts` (per class)."""
 
-    channels: int
-    image_size: int
-    train_counts: list[int]
-
     @property
     def input_shape(self) -> tuple[int, int, int]:
         return self.channels, self.image_size, self.image_size
 
     def model_arguments(self) -> dict[str, object]:
         arguments = super().model_arguments()
-        if self.hparams.balance == "loss":
-            arguments["class_weights"] = class_weights(self.train_counts)
+        if self.hparams.balance == "loss":  # 1 for a class of the mean count, more for rarer ones
+            total, k = sum(self.train_counts), len(self.train_counts)
+            weights = [round(total / (k * max(n, 1)), 6) for n in self.train_counts]
+            arguments["class_weights"] = weights
         return arguments
 
     def log_class_counts(self) -> None:
@@ -292,14 +273,11 @@ class ImageDataModule(DataModule):
         return on_gpu if self.hparams.pin_memory is None else self.hparams.pin_memory
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        images, labels = batch
-        if images.dtype == torch.uint8:
-            device = images.device
-            if getattr(self, "_stats_device", None) != device:  # copied to a device once
-                self._mean_t = torch.tensor(self.mean, device=device)
-                self._std_t = torch.tensor(self.std, device=device)
-                self._stats_device = device
-            images = normalize(images, self._mean_t, self._std_t)
+        images, labels = batch  # uint8 from both loaders (`ImageFiles`, the streaming shards')
+        if getattr(self, "_stats_device", None) != images.device:  # copied to a device once
+            self._stats_device = images.device
+            self._stats = [torch.tensor(v, device=images.device) for v in (self.mean, self.std)]
+        images = normalize(images, *self._stats)
         return super().on_after_batch_transfer((images, labels), dataloader_idx)
 
 
@@ -352,10 +330,8 @@ class ImageFolderDataModule(ImageDataModule):
                 f"val_fraction={val_fraction} and test_fraction={test_fraction} leave no "
                 f"training images: their sum must be below 1."
             )
-        if on_bad_file not in ON_BAD_FILE:
-            raise ValueError(
-                f"on_bad_file={on_bad_file!r} is not one of: {', '.join(ON_BAD_FILE)}."
-            )
+        if on_bad_file not in ("error", "skip"):
+            raise ValueError(f"on_bad_file={on_bad_file!r} is not one of: error, skip.")
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         arguments["root"] = str(Path(root).expanduser().resolve())
         self.save_hyperparameters({"name": "image_folder", **arguments})
@@ -428,7 +404,6 @@ class ImageFolderDataModule(ImageDataModule):
         return stored["channels"], size, stored["mean"], stored["std"]
 
     def _measure(self, files: list[Path], key: dict) -> dict:
-        """What `files` say: their channels, median shorter side, per-channel statistics."""
         hp = self.hparams
         decoded = []
         for path in files:
@@ -462,17 +437,15 @@ class ImageFolderDataModule(ImageDataModule):
         files = self.splits[split]
         paths = [p for c in self.class_names for p in files.get(c, [])]
         labels = [i for i, c in enumerate(self.class_names) for _ in files.get(c, [])]
-        weights = None
-        if train and hp.balance == "sampler":
-            per_class = [1 / n for n in self.train_counts]
-            weights = torch.tensor([per_class[label] for label in labels])
+        by_sampler = train and hp.balance == "sampler"
+        weights = torch.tensor([1 / self.train_counts[i] for i in labels]) if by_sampler else None
         sampler = EpochShuffler(
-            len(paths), shuffle=train, pad=train, seed=hp.seed, weights=weights, **self.shard()
+            len(paths), train, seed=hp.seed or 0, weights=weights, **self.shard()
         )
         loader = DataLoader(
             ImageFiles(paths, labels, self.sample_transform(train)),
-            batch_sampler=_EpochBatches(sampler, hp.batch_size, train),
-            collate_fn=_as_is,
+            batch_size=None,  # no batching: the sampler picks batches, `ImageFiles` loads them
+            sampler=_EpochBatches(sampler, hp.batch_size, train),
             num_workers=hp.num_workers,
             pin_memory=self.pin_memory(),
             persistent_workers=hp.num_workers > 0,

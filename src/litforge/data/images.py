@@ -8,7 +8,6 @@ import contextlib
 import functools
 import io
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -62,32 +61,28 @@ def decode(data: bytes, channels: int | None) -> torch.Tensor:
 
 
 def _decode_with_pil(data: bytes, channels: int | None) -> torch.Tensor:
-    import numpy as np
     from PIL import Image
+    from torchvision.transforms.v2.functional import pil_to_tensor
 
     try:
         with Image.open(io.BytesIO(data)) as opened:
             if channels is None:
                 channels = 1 if opened.mode in ("1", "L", "LA", "I", "I;16", "F") else 3
-            array = np.asarray(opened.convert("L" if channels == 1 else "RGB"))
+            return pil_to_tensor(opened.convert("L" if channels == 1 else "RGB"))
     except Image.UnidentifiedImageError:
         raise BadImageError("not an image torchvision or PIL can read") from None
     except Exception as err:  # PIL raises many types for broken files; each means "not an image"
         raise BadImageError(str(err) or type(err).__name__) from None
-    if array.ndim == 2:
-        array = array[:, :, None]
-    return torch.from_numpy(array.copy()).permute(2, 0, 1)
 
 
 def fit(image: torch.Tensor, size: int, interpolation: str = "bilinear") -> torch.Tensor:
-    from torchvision.transforms.v2 import InterpolationMode
     from torchvision.transforms.v2 import functional as F
 
     height, width = image.shape[-2:]
     if (height, width) == (size, size):
         return image
     if min(height, width) != size:
-        image = F.resize(image, size, InterpolationMode(interpolation), antialias=True)
+        image = F.resize(image, size, F.InterpolationMode(interpolation), antialias=True)
     return F.center_crop(image, [size, size])
 
 
@@ -113,8 +108,7 @@ class SampleTransform:
             steps.append(getattr(v2, AUTO_AUGMENTS[self.auto_augment])())
         if self.crop_scale is not None:
             mode = v2.InterpolationMode(self.interpolation)
-            crop = v2.RandomResizedCrop(self.size, self.crop_scale, interpolation=mode)
-            steps.insert(0, crop)
+            steps.insert(0, v2.RandomResizedCrop(self.size, self.crop_scale, interpolation=mode))
         return v2.Compose(steps) if self.train and steps else None
 
     def __call__(self, data: bytes | torch.Tensor, key: int, epoch: int) -> torch.Tensor:
@@ -141,7 +135,7 @@ def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> to
     return images.float().div_(255).sub_(mean.view(1, -1, 1, 1)).div_(std.view(1, -1, 1, 1))
 
 
-def channel_stats(images: Sequence[torch.Tensor]) -> tuple[list[float], list[float]]:
+def channel_stats(images: list[torch.Tensor]) -> tuple[list[float], list[float]]:
     pixels = torch.cat([image.flatten(1) for image in images], dim=1).double() / 255
     std = pixels.std(dim=1).clamp_min(1e-3)  # a blank channel must not divide by zero
     return [round(v, 4) for v in pixels.mean(dim=1).tolist()], [round(v, 4) for v in std.tolist()]

@@ -4,36 +4,31 @@ a batch is one gather, then whole-batch normalization and augmentation (on the G
 
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
 
+@dataclass
 class EpochShuffler:
-    """This process's sample indices in an epoch, as `DistributedSampler` picks them: one
-    permutation per epoch, the same on every process (the run's `seed`), padded by wrapping
-    around; `pad=False` leaves the shards uneven (evaluation: no sample counted twice). Lightning
-    calls `set_epoch` before each epoch, resumed runs included. `weights`: one per sample."""
+    """This process's sample indices in an epoch, as `DistributedSampler` picks them: in training,
+    one permutation per epoch, the same on every process (the run's `seed`), padded by wrapping
+    around; else in order, the shards uneven (no sample counted twice). Lightning calls
+    `set_epoch` before each epoch, resumed runs included. `weights`: one per sample."""
 
-    def __init__(
-        self,
-        num_samples: int,
-        shuffle: bool,
-        num_replicas: int = 1,
-        rank: int = 0,
-        pad: bool = True,
-        seed: int | None = 0,
-        weights: torch.Tensor | None = None,
-    ) -> None:
-        self.num_samples, self.shuffle, self.pad = num_samples, shuffle, pad
-        self.num_replicas, self.rank, self.weights = num_replicas, rank, weights
-        self.seed = 0 if seed is None else seed
-        self.epoch = 0
+    num_samples: int
+    train: bool
+    num_replicas: int = 1
+    rank: int = 0
+    seed: int = 0
+    weights: torch.Tensor | None = None
+    epoch: int = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        if self.pad:
+        if self.train:
             return math.ceil(self.num_samples / self.num_replicas)
         return len(range(self.rank, self.num_samples, self.num_replicas))
 
@@ -41,11 +36,11 @@ class EpochShuffler:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         if self.weights is not None:
             order = torch.multinomial(self.weights, self.num_samples, True, generator=generator)
-        elif self.shuffle:
+        elif self.train:
             order = torch.randperm(self.num_samples, generator=generator)
         else:
             order = torch.arange(self.num_samples)
-        if self.pad and self.num_replicas > 1:
+        if self.train and self.num_replicas > 1:
             total = len(self) * self.num_replicas
             order = order.repeat(math.ceil(total / self.num_samples))[:total]
         return order[self.rank :: self.num_replicas]
@@ -55,9 +50,7 @@ class BatchAugment:
     """Train-time augmentation of a batch of normalized images: pad by `crop_padding` black
     pixels, crop back at a random offset per image; mirror half of them with `horizontal_flip`."""
 
-    def __init__(
-        self, crop_padding: int, horizontal_flip: bool, black: torch.Tensor | Sequence[float]
-    ) -> None:
+    def __init__(self, crop_padding: int, horizontal_flip: bool, black: Sequence[float]) -> None:
         self.crop_padding, self.horizontal_flip = crop_padding, horizontal_flip
         self.black = torch.as_tensor(black, dtype=torch.float32).view(1, -1, 1, 1)
 
@@ -92,6 +85,7 @@ class ResumesMidEpoch:
     """The loader state Lightning checkpoints: a run stopped mid-epoch goes on with the next batch
     of the same epoch. `__iter__` calls `start_epoch()`, then counts batches in `handed_out`."""
 
+    batch_sampler = None  # Lightning calls `sampler.set_epoch`; this is no `DataLoader` to rewrap
     sampler: EpochShuffler
     handed_out = 0  # batches of the current epoch
     _resume: dict[str, int] | None = None
@@ -115,8 +109,6 @@ class TensorBatchLoader(ResumesMidEpoch):
     """(images, labels) batches for Lightning from tensors on one device: uint8 images are
     normalized per batch (cheap on a GPU), float32 ones come normalized (cheaper on a CPU)."""
 
-    batch_sampler = None  # Lightning inspects it, and calls `sampler.set_epoch` each epoch
-
     def __init__(
         self,
         images: torch.Tensor,
@@ -128,8 +120,7 @@ class TensorBatchLoader(ResumesMidEpoch):
         augment: BatchAugment | None = None,
     ) -> None:
         self.images, self.labels = images, labels
-        self.batch_size, self.sampler = batch_size, sampler
-        self.augment = augment
+        self.batch_size, self.sampler, self.augment = batch_size, sampler, augment
         self.mean = torch.tensor(mean, device=images.device).view(1, -1, 1, 1)
         self.std = torch.tensor(std, device=images.device).view(1, -1, 1, 1)
 

@@ -21,12 +21,14 @@ from litforge.errors import UserError, check_number
 from litforge.models import NETWORKS, OPTIMIZERS
 
 
-def check_buildable(config: Any, key: str, allowed: Sequence[str], prefix: bool = False) -> None:
-    """A UserError unless `config` builds one of `allowed` (`prefix`: a name starting with one)
-    from plain values: no nested `_target_`, no `${...}` (`oc.decode` could make one)."""
+def check_buildable(config: Any, key: str, allowed: Sequence[str], prefix: bool = False) -> Any:
+    """`config` as plain dicts and lists (checkpoints must load with weights_only=True); a
+    UserError unless it builds one of `allowed` (`prefix`: a name starting with one) from plain
+    values: no nested `_target_`, no `${...}` (`oc.decode` could make one)."""
+    if isinstance(config, DictConfig):
+        config = OmegaConf.to_container(config, resolve=True)
     if config is None:
-        return
-    config = _plain(config)
+        return None
     target = config.get("_target_") if isinstance(config, Mapping) else None
     named = isinstance(target, str) and (
         target.startswith(tuple(allowed)) if prefix else target in allowed
@@ -57,12 +59,6 @@ def check_buildable(config: Any, key: str, allowed: Sequence[str], prefix: bool 
             )
 
     refuse({k: v for k, v in config.items() if k != "_target_"}, key)
-
-
-def _plain(config: Any) -> Any:
-    """A DictConfig as plain dicts and lists: checkpoints must load with weights_only=True."""
-    if isinstance(config, DictConfig):
-        return OmegaConf.to_container(config, resolve=True)
     return config
 
 
@@ -89,9 +85,9 @@ class ClassificationModule(L.LightningModule):
         backbone_lr_scale: float = 1.0,
     ) -> None:
         super().__init__()
-        check_buildable(net, "model.net", NETWORKS)
-        check_buildable(optimizer, "model.optimizer", OPTIMIZERS, prefix=True)
-        check_buildable(scheduler, "model.scheduler", OPTIMIZERS, prefix=True)
+        net = check_buildable(net, "model.net", NETWORKS)
+        optimizer = check_buildable(optimizer, "model.optimizer", OPTIMIZERS, prefix=True)
+        scheduler = check_buildable(scheduler, "model.scheduler", OPTIMIZERS, prefix=True)
         if "lr" in optimizer:
             check_number("optimizer.lr", optimizer["lr"], above=True)
         if optimizer.get("weight_decay") is not None:
@@ -102,15 +98,14 @@ class ClassificationModule(L.LightningModule):
                 f"model.label_smoothing={label_smoothing}: expected below 1 (0.1 is usual)."
             )
         check_number("model.backbone_lr_scale", backbone_lr_scale)
-        net = _plain(net)
         self.save_hyperparameters(
             {
                 # `pretrained*` settings start the weights; the checkpoint holds them from then on.
                 "net": {k: v for k, v in net.items() if not k.startswith("pretrained")},
                 "input_shape": list(input_shape),
                 "num_classes": int(num_classes),
-                "optimizer": _plain(optimizer),
-                "scheduler": _plain(scheduler),
+                "optimizer": optimizer,
+                "scheduler": scheduler,
                 "class_names": list(class_names) if class_names is not None else None,
                 "channels_last": bool(channels_last),  # other kernels: computes as in training
                 # `data.balance=loss`: the training loss weighs each class by these.
