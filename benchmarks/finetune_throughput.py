@@ -89,7 +89,7 @@ class BatchTimer(L.Callback):
             self.rate("validation")
 
 
-def litforge_rates(root: Path, args, size: int, extra: list[str]) -> tuple[float, float]:
+def template_rates(root: Path, args, size: int, extra: list[str]) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as output_dir:
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
             cfg = compose(
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
             hand, ours = [], []
             for _ in range(args.rounds):
                 hand.append(handwritten_rates(root, args, size))
-                ours.append(litforge_rates(root, args, size, args.extra))
+                ours.append(template_rates(root, args, size, args.extra))
             for i, loop in enumerate(("training", "evaluation")):
                 h = statistics.median(r[i] for r in hand)
                 o = statistics.median(r[i] for r in ours)
