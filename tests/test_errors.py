@@ -10,6 +10,7 @@ import torch
 from helpers import ROOT, compose_config, go_offline, run_in_process, run_script
 
 from litforge.errors import UserError
+from litforge.models import NETWORKS
 from litforge.pipeline import evaluate, train
 
 
@@ -56,14 +57,17 @@ def test_eval_without_checkpoint_says_what_to_add(tmp_path):
     )
 
 
+MODEL_OPTIONS = ", ".join(sorted(p.stem for p in (ROOT / "conf" / "model").glob("*.yaml")))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("override", "line"),
     [
         (
             "model=resnet",
-            "error: model=resnet: no such option (conf/model/resnet.yaml). Choose "
-            "one of: cnn, mlp.",
+            f"error: model=resnet: no such option (conf/model/resnet.yaml). Choose "
+            f"one of: {MODEL_OPTIONS}.",
         ),
         (
             "trainer.max_epoch=3",
@@ -77,13 +81,13 @@ def test_eval_without_checkpoint_says_what_to_add(tmp_path):
         (
             "model.net._target_=litforge.models.resnet.ResNet",
             "error: model.net._target_=litforge.models.resnet.ResNet is not allowed: a model "
-            "may build only litforge.models.mlp.MLP, litforge.models.cnn.CNN. If it is yours, "
+            f"may build only {', '.join(NETWORKS)}. If it is yours, "
             "add it to litforge.models.NETWORKS (src/litforge/models/__init__.py)",
         ),
         (
             "data=image_folder",
             "error: data.root is not set and this run needs it (data=image_folder): add "
-            "data.root=<the folder holding train/ (and val/, test/)>.",
+            "data.root=<the folder holding train/ (and val/, test/), or the class folders>.",
         ),
         (
             "model.net.dropout=1.5",
