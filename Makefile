@@ -5,16 +5,19 @@ DATASET ?= fashion_mnist
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install data train test test-fast lint bench bench-data bench-inference bench-pipeline bench-ps bench-recovery lean clean
+.PHONY: help install lock data train test test-fast lint bench bench-data bench-inference bench-pipeline bench-ps bench-recovery lean clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-.installed: pyproject.toml
-	$(PYTHON) -m pip install -e ".[dev]"
+.installed: requirements/dev.txt
+	PYTHON=$(PYTHON) bash scripts/install.sh dev
 	@touch $@
 
-install: .installed  ## pip install -e ".[dev]" (again only when pyproject.toml changes)
+install: .installed  ## the locked dev environment: scripts/install.sh (again when the lock changes)
+
+lock:  ## refresh requirements/*.txt from pyproject.toml with uv (ARGS=--upgrade: newest allowed)
+	$(PYTHON) scripts/lock.py $(ARGS)
 
 data: .installed  ## find or download DATASET (default fashion_mnist); offline: Debian's package
 	$(PYTHON) -m litforge.data fetch $(DATASET) --apt

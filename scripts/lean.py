@@ -14,6 +14,7 @@ one-line `description`. DEST gets the files git tracks, less those of each featu
   with nothing to check goes too);
 - Markdown without the passages marked `<!-- feature: NAME -->` ... `<!-- /feature -->`, table
   rows that link to or name the feature's files, and lines of code blocks that use them;
+- requirements/*.txt (the lock) without the pins that only the dropped extras needed;
 - other text files (Python, YAML, Makefile, CI scripts) without the lines that end in
   `# feature: NAME` (in Python: a whole statement on one line, such as an entry of a list); the
   Makefile also without the targets whose recipes use the feature's files.
@@ -619,6 +620,13 @@ def build(root: Path, dest: Path, keep: list[str]) -> dict:
                 continue
         shutil.copy2(source, target)
         written += 1
+    if (dest / "scripts" / "lock.py").is_file() and (dest / "requirements").is_dir():
+        # The lock without the pins only the dropped extras needed (offline: uv's `# via` notes)
+        prune = [sys.executable, "scripts/lock.py", "--prune"]
+        done = subprocess.run(prune, cwd=dest, capture_output=True, text=True)
+        if done.returncode:
+            raise LeanError(f"scripts/lock.py --prune failed: {done.stderr.strip()}")
+        edited += [str(p.relative_to(dest)) for p in sorted((dest / "requirements").glob("*.txt"))]
     return {
         "features": features,
         "kept": [n for n in features if n not in dropped],
@@ -692,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for warning in done["warnings"]:
         print(f"warning: {warning}, which the copy leaves out (mark the passage)", file=sys.stderr)
-    print(f'Next: cd {args.dest} && git init && pip install -e ".[dev]" && make test-fast')
+    print(f"Next: cd {args.dest} && git init && bash scripts/install.sh && make test-fast")
     return 0
 
 
