@@ -251,6 +251,10 @@ def finish(cfg: DictConfig, trainer: L.Trainer, metrics: dict[str, float]) -> di
         output_dir.mkdir(parents=True, exist_ok=True)
         metrics_json = json.dumps(metrics, indent=2, sort_keys=True)
         (output_dir / "metrics.json").write_text(metrics_json + "\n")
+        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else None
+        for logger in trainer.loggers:  # loggers that keep files: MLflow's
+            if callable(log_run_files := getattr(logger, "log_run_files", None)):
+                log_run_files(output_dir, best)
         print_metrics(metrics, output_dir)
     return metrics
 
