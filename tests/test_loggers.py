@@ -140,7 +140,10 @@ def test_mlflow_keeps_config_metrics_and_files_in_sqlite_and_resumes(
     assert run.info.status == "FINISHED" and run.info.run_name == "run"  # the run folder
     params = run.data.params
     assert params["data/_target_"].endswith("MNISTDataModule")
-    assert params["trainer/max_epochs"] == "2" and params["batch_size/global"] == params["data/batch_size"]
+    assert (
+        params["trainer/max_epochs"] == "2"
+        and params["batch_size/global"] == params["data/batch_size"]
+    )
     assert run.data.tags["tags"] == "mnist,x"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val/acc")] == [1, 3]
     assert run.data.metrics["test/acc"] == pytest.approx(metrics["test/acc"])

@@ -529,3 +529,22 @@ def test_unknown_names_are_one_line_errors(tmp_path):
     assert result.stderr.strip().splitlines()[-1] == (
         "error: data.auto_augment=rand is not one of: randaugment, trivialaugment, null."
     )
+
+
+def test_k_folds_of_a_folder_partition_its_training_images_and_leave_test_alone(tmp_path):
+    root = photos(tmp_path / "flat", per_class=20)  # 128 px RGB photos, three classes
+    plain = make(root, test_fraction=0.1)
+    plain.inspect()
+    folds = []
+    for fold in range(3):
+        dm = make(root, test_fraction=0.1, num_folds=3, fold=fold)
+        dm.inspect()
+        assert dm.splits["test"] == plain.splits["test"]  # the test split as without folds
+        folds.append(dm.splits)
+    pool = {p for c in CLASSES for p in plain.splits["train"][c] + plain.splits["val"][c]}
+    vals = [{p for c in CLASSES for p in splits["val"][c]} for splits in folds]
+    assert sum(map(len, vals)) == len(set.union(*vals)) == len(pool) == 54
+    assert set.union(*vals) == pool  # disjoint and covering
+    for val, splits in zip(vals, folds, strict=True):
+        assert {p for c in CLASSES for p in splits["train"][c]} == pool - val
+        assert [len(splits["val"][c]) for c in CLASSES] == [6, 6, 6]  # 18 per class, 3 folds

@@ -6,6 +6,7 @@ from helpers import compose_config, write_idx_dataset
 
 from litforge.data.idx import IDXFormatError
 from litforge.data.mnist import MNISTDataModule
+from litforge.errors import UserError
 
 
 def make(tmp_path, **kwargs):
@@ -94,3 +95,32 @@ def test_the_run_logs_which_folder_its_data_came_from(tmp_path, caplog):
     with caplog.at_level("INFO"):
         dm.setup()
     assert f"Data: mnist from {tmp_path / 'mine'}" in caplog.text
+
+
+def test_k_folds_partition_the_training_split_stratified_and_leave_test_alone(tmp_path):
+    write_idx_dataset(tmp_path / "mnist", n_train=200, n_test=20)
+    folds = []
+    for fold in range(4):
+        dm = make(tmp_path, num_folds=4, fold=fold)
+        dm.setup()
+        folds.append(dm.splits)
+    rows = [{tuple(x.flatten().tolist()) for x in splits["val"][0]} for splits in folds]
+    assert [len(r) for r in rows] == [50] * 4
+    assert len(set.union(*rows)) == 200  # disjoint, and together the whole training split
+    for val, splits in zip(rows, folds, strict=True):  # training: the other folds
+        train = {tuple(x.flatten().tolist()) for x in splits["train"][0]}
+        assert len(train) == 150 and not train & val
+        assert torch.equal(splits["test"][0], folds[0]["test"][0])
+    labels = torch.cat([splits["train"][1], splits["val"][1]])
+    for splits in folds:  # each class's share in every fold (±1 image)
+        per_class, whole = torch.bincount(splits["val"][1], minlength=10), torch.bincount(labels)
+        assert ((per_class - whole / 4).abs() <= 1).all()
+
+
+def test_a_fold_outside_num_folds_is_refused_saying_which_are(tmp_path):
+    with pytest.raises(
+        UserError, match=r"data.fold=4 is not a fold of data.num_folds=4: give 0 to 3"
+    ):
+        make(tmp_path, num_folds=4, fold=4)
+    with pytest.raises(ValueError, match="num_folds=1 is out of range"):
+        make(tmp_path, num_folds=1)

@@ -3,6 +3,7 @@ searches, stores the study in SQLite, resumes it, records failed and pruned tria
 
 import ast
 import csv
+import json
 import re
 import subprocess
 import sys
@@ -123,6 +124,21 @@ def test_search_runs_trials_and_resumes_the_same_study(tmp_path, idx_data_dir):
     assert best["best_trial"] == study.best_trial.number
     assert best["best_params"] == study.best_params
     assert "model.optimizer.lr=" in " ".join(best["overrides"])
+
+
+@pytest.mark.slow
+def test_a_cross_validated_trial_is_the_mean_of_its_folds(tmp_path, idx_data_dir):
+    sweep_dir = tmp_path / "search"
+    done = search(idx_data_dir, sweep_dir, "hydra.sweeper.n_trials=1", "data.num_folds=2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    folds = [json.loads((sweep_dir / job / "metrics.json").read_text()) for job in ("0", "1")]
+    (trial,) = open_study(sweep_dir).trials
+    assert trial.value == pytest.approx((folds[0]["val/acc_best"] + folds[1]["val/acc_best"]) / 2)
+    (row,) = summary_rows(sweep_dir)
+    mean_test = (folds[0]["test/acc"] + folds[1]["test/acc"]) / 2
+    assert float(row["test/acc"]) == pytest.approx(mean_test, abs=1e-4)
+    configs = [yaml.safe_load((sweep_dir / j / ".hydra" / "config.yaml").read_text()) for j in "01"]
+    assert [c["data"]["fold"] for c in configs] == [0, 1]
 
 
 @pytest.mark.slow

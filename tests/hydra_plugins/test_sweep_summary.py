@@ -1,4 +1,5 @@
-"""`hydra_plugins.litforge.sweep_summary`: ranking, what varied, and mean ± std over seeds."""
+"""`hydra_plugins.litforge.sweep_summary`: ranking, what varied, and mean ± std over seeds and
+cross-validation folds."""
 
 import math
 from pathlib import Path
@@ -33,6 +34,22 @@ def test_seed_groups_get_mean_and_sample_std():
     (mean,) = [r for r in table if r["job"] == "mean ± std"]
     assert mean["overrides"] == "lr=1 (2 seeds)"
     assert mean["val/loss"] == f"0.3000 ± {math.sqrt(0.02):.4f}"
+
+
+def test_the_folds_of_a_cross_validation_get_mean_and_std():
+    # python train.py -m data.num_folds=3 data.fold=0,1,2 model.optimizer.lr=1,2
+    jobs = [
+        job(i, ["data.num_folds=3", f"data.fold={i % 3}", f"lr={1 + i // 3}"], 0.1 * (i + 1))
+        for i in range(6)
+    ]
+    means = {
+        r["overrides"]: r["val/loss"] for r in rows(jobs, "val/loss") if r["job"] == "mean ± std"
+    }
+    assert means == {"lr=1 (3 folds)": "0.2000 ± 0.1000", "lr=2 (3 folds)": "0.5000 ± 0.1000"}
+    # seeds and folds at once: one row per setting, over both
+    jobs = [job(i, [f"seed={i // 2}", f"data.fold={i % 2}"], 0.1 * i) for i in range(4)]
+    (mean,) = [r for r in rows(jobs, "val/loss") if r["job"] == "mean ± std"]
+    assert mean["overrides"] == "(4 seeds × folds)"
 
 
 def test_files_are_written_and_the_figure_freed(tmp_path):

@@ -40,6 +40,8 @@ import hashlib
 import json
 import logging
 import math
+import re
+import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -250,6 +252,14 @@ def _override_text(value: Any) -> str:
     if isinstance(value, dict):
         return "{" + ",".join(f"{k}:{_override_text(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"{value!r} has no override text")
+
+
+def _mean_metrics(run_dirs: list[str | Path]) -> dict[str, float]:
+    """The metrics.json of a job, or the mean of each metric over a trial's folds."""
+    found = [Path(d, "metrics.json") for d in run_dirs]
+    runs = [json.loads(f.read_text()) for f in found if f.is_file()]
+    names = set.intersection(*(set(r) for r in runs)) if runs else set()
+    return {name: statistics.mean(r[name] for r in runs) for name in sorted(names)}
 
 
 class OptunaSweeper(Sweeper):
@@ -485,14 +495,17 @@ class OptunaSweeper(Sweeper):
         )
         if todo <= 0:
             log.info(f"Nothing to run: raise hydra.sweeper.n_trials above {finished} to add more.")
-        prunes = todo > 0 and bool(self.pruner) and self._can_prune(start)
+        folds = self._folds(start, arguments)
+        prunes = todo > 0 and bool(self.pruner) and not folds and self._can_prune(start)
         for _ in range(max(todo, 0)):
             trial = study.ask(fixed_distributions=space)
             overrides = fixed + [f"{k}={_override_value(v)}" for k, v in trial.params.items()]
             trial.set_user_attr("overrides", overrides)  # what reproduces the trial
             told = [self._trial_override(storage, trial._trial_id)] if prunes else []
-            [job] = self.launcher.launch([overrides + told], initial_job_idx=trial.number)
-            self._tell(study, trial, job)
+            # k-fold: a job per fold, numbered trial × folds + fold
+            runs = [overrides + [f"data.fold={fold}"] for fold in folds] or [overrides + told]
+            jobs = self.launcher.launch(runs, initial_job_idx=trial.number * len(runs))
+            self._tell(study, trial, jobs)
             self._write_summary(study, sweep_dir)
         # Failed trials are results of a search, recorded in the study and the summary; the
         # search itself failed only when no trial completed.
@@ -524,27 +537,46 @@ class OptunaSweeper(Sweeper):
         }
         return f"{PRUNING}.trial={_override_text(trial)}"
 
-    def _tell(self, study: Any, trial: Any, job: Any) -> None:
+    @staticmethod
+    def _folds(start: DictConfig, arguments: list[str]) -> list[int]:
+        """The folds each trial runs, when the data are cross-validated (`data.num_folds`) and
+        no `data.fold` is given: all of them, the trial's value their mean."""
+        num_folds = OmegaConf.select(start, "data.num_folds")
+        given = any(re.match(r"\+*data\.fold=", argument) for argument in arguments)
+        if not num_folds or given:
+            return []
+        log.info(
+            f"data.num_folds={num_folds}: each trial is the mean of {num_folds} jobs, a fold each"
+        )
+        return list(range(num_folds))
+
+    def _tell(self, study: Any, trial: Any, jobs: list[Any]) -> None:
         from optuna.trial import TrialState
 
-        trial.set_user_attr("run_dir", str(job.working_dir))
-        value = job._return_value if job.status.name == "COMPLETED" else None
-        if isinstance(value, JobFailed):  # litforge's launcher: the error line
-            trial.set_user_attr("error", str(value))
-            value = None
+        trial.set_user_attr("run_dir", str(jobs[0].working_dir))
+        values = []
+        for job in jobs:
+            value = job._return_value if job.status.name == "COMPLETED" else None
+            if isinstance(value, JobFailed):  # litforge's launcher: the error line
+                trial.set_user_attr("error", str(value))
+                value = None
+            values.append(value)
+        if len(jobs) > 1:  # the folds: the summary's row averages their metrics.json
+            trial.set_user_attr("run_dirs", [str(job.working_dir) for job in jobs])
         # Read back what the job itself wrote into the trial (`_optuna_pruning.py`).
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         stored = next(t for t in running if t.number == trial.number)
+        failed = [v for v in values if v is None or not math.isfinite(float(v))]
         if "pruned_at_epoch" in stored.user_attrs:
             study.tell(trial, state=TrialState.PRUNED)
-        elif value is None or not math.isfinite(float(value)):
-            if value is not None:
+        elif failed:
+            if failed[0] is not None:
                 trial.set_user_attr(
-                    "error", f"{OmegaConf.select(self.config, 'optimized_metric')} is {value}"
+                    "error", f"{OmegaConf.select(self.config, 'optimized_metric')} is {failed[0]}"
                 )
             study.tell(trial, state=TrialState.FAIL)
         else:
-            study.tell(trial, float(value))
+            study.tell(trial, statistics.mean(float(v) for v in values))
 
     def _write_summary(self, study: Any, sweep_dir: Path) -> None:
         from optuna.trial import TrialState
@@ -560,8 +592,7 @@ class OptunaSweeper(Sweeper):
         jobs = []
         for trial in study.get_trials(deepcopy=False, states=tuple(status)):
             run_dir = Path(trial.user_attrs.get("run_dir", ""))
-            metrics_file = run_dir / "metrics.json"
-            metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
+            metrics = _mean_metrics(trial.user_attrs.get("run_dirs") or [run_dir])
             if trial.value is not None:
                 metrics[metric] = trial.value
             jobs.append(

@@ -1,5 +1,6 @@
 """The summary of a sweep (`-m`): one row per job — what it varied, how it ended, its final
-metrics, its folder — plus mean ± std rows for jobs that differ only by `seed`. Written into the
+metrics, its folder — plus mean ± std rows for jobs that differ only by `seed` or by `data.fold`
+(k-fold cross-validation: `data.num_folds=5 data.fold=0,1,2,3,4`). Written into the
 sweep folder as `summary.csv`, `summary.md` and `plots/sweep.png` after each job.
 
 `SweepSummary` is the Hydra callback (conf/hydra/default.yaml) that collects the jobs, prints the
@@ -45,8 +46,11 @@ def _varying(jobs: list[JobResult]) -> dict[int, str]:
     return {job.num: " ".join(o for o in job.overrides if o not in shared) for job in jobs}
 
 
-def _without_seed(overrides: str) -> str:
-    return re.sub(r"(^| )seed=\S+", "", overrides).strip()
+REPEATS = {"seed": "seeds", "data.fold": "folds"}  # what a mean ± std row averages over
+
+
+def _without_repeats(overrides: str) -> str:
+    return re.sub(r"(^| )(seed|data\.fold)=\S+", "", overrides).strip()
 
 
 def rows(jobs: list[JobResult], metric: str | None, mode: str = "max") -> list[dict[str, str]]:
@@ -70,14 +74,19 @@ def rows(jobs: list[JobResult], metric: str | None, mode: str = "max") -> list[d
 
     groups: dict[str, list[JobResult]] = {}
     for job in jobs:
-        if job.status == "completed" and "seed=" in varying[job.num]:
-            groups.setdefault(_without_seed(varying[job.num]), []).append(job)
+        if job.status == "completed" and _without_repeats(varying[job.num]) != varying[job.num]:
+            groups.setdefault(_without_repeats(varying[job.num]), []).append(job)
     for key, members in groups.items():
         if len(members) < 2:
             continue
+        repeated = [
+            name
+            for option, name in REPEATS.items()
+            if re.search(rf"(^| ){re.escape(option)}=", varying[members[0].num])
+        ]
         row = {
             "job": "mean ± std",
-            "overrides": f"{key} ({len(members)} seeds)".strip(),
+            "overrides": f"{key} ({len(members)} {' × '.join(repeated)})".strip(),
             "status": "completed",
         }
         for name in metric_names:

@@ -30,6 +30,29 @@ def check_choice(key: str, value: object, choices: Sequence[str]) -> None:
         raise UserError(f"data.{key}={value} is not one of: {', '.join(choices)}, null.")
 
 
+def check_folds(num_folds: int | None, fold: int) -> None:
+    if num_folds is None:
+        return
+    check_number("num_folds", num_folds, integer=True, minimum=2)
+    if not (isinstance(fold, int) and 0 <= fold < num_folds):
+        raise UserError(
+            f"data.fold={fold} is not a fold of data.num_folds={num_folds}: give 0 to "
+            f"{num_folds - 1} (all of them: -m data.fold={','.join(map(str, range(num_folds)))})."
+        )
+
+
+def fold_split(labels: Sequence[int], num_folds: int, fold: int, seed: int):
+    """Indices of the training and the validation samples of fold `fold` (k-fold cross-
+    validation): each class's samples, in a seeded order, are dealt round the folds in turn, so
+    the `num_folds` validation sets partition the data and hold each class's share."""
+    labels = torch.as_tensor(labels)
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+    order = order[torch.argsort(labels[order], stable=True)]  # by class, seeded within one
+    folds = torch.empty(len(labels), dtype=torch.long)
+    folds[order] = torch.arange(len(labels)) % num_folds
+    return (folds != fold).nonzero().squeeze(1), (folds == fold).nonzero().squeeze(1)
+
+
 class DataModule(L.LightningDataModule):
     """The model is built with `model_arguments()` (checkpoints keep them for predict.py,
     export.py, serve.py); `input_shape`, `class_names`, `mean`, `std` are set by `inspect()`.
@@ -102,6 +125,8 @@ class InMemoryImageDataModule(DataModule):
         batch_size: int = 128,
         val_size: int = 5000,
         split_seed: int = 0,
+        num_folds: int | None = None,
+        fold: int = 0,
         crop_padding: int = 0,
         horizontal_flip: bool = False,
         cache: bool = True,
@@ -114,6 +139,7 @@ class InMemoryImageDataModule(DataModule):
         check_choice("mix", mix, MIXES)
         check_number("mix_alpha", mix_alpha, above=True)
         check_number("val_size", val_size, integer=True, minimum=0)
+        check_folds(num_folds, fold)
         check_number("crop_padding", crop_padding, integer=True, minimum=0)
         if val_size >= self.num_train_images:
             raise ValueError(
@@ -187,16 +213,20 @@ class InMemoryImageDataModule(DataModule):
             self.splits["test"] = decoded["test"]
         if fit:
             images, labels = decoded["train"]
-            n_val = self.hparams.val_size
-            if n_val >= len(labels):
+            hp, n_val = self.hparams, self.hparams.val_size
+            if hp.num_folds:  # k-fold: validation is fold `fold` of the whole training split
+                train, val = fold_split(labels, hp.num_folds, hp.fold, hp.split_seed)
+            elif n_val >= len(labels):
                 raise UserError(
                     f"val_size={n_val} leaves no training data: {directory} holds "
                     f"{len(labels)} training images. Use a smaller val_size."
                 )
-            generator = torch.Generator().manual_seed(self.hparams.split_seed)
-            order = torch.randperm(len(labels), generator=generator)
-            self.splits["val"] = (images[order[:n_val]], labels[order[:n_val]])
-            self.splits["train"] = (images[order[n_val:]], labels[order[n_val:]])
+            else:
+                generator = torch.Generator().manual_seed(hp.split_seed)
+                order = torch.randperm(len(labels), generator=generator)
+                train, val = order[n_val:], order[:n_val]
+            self.splits["val"] = (images[val], labels[val])
+            self.splits["train"] = (images[train], labels[train])
 
     def _loader(self, split: str, train: bool) -> TensorBatchLoader:
         hp, mean, std, trainer = self.hparams, self.mean, self.std, self.trainer

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from litforge.data.base import MIXES, DataModule, check_choice
+from litforge.data.base import MIXES, DataModule, check_choice, check_folds, fold_split
 from litforge.data.images import (
     AUTO_AUGMENTS,
     IMAGE_SUFFIXES,
@@ -137,6 +137,19 @@ def carve(files: Files, fractions: dict[str, float], seed: int) -> dict[str, Fil
             )
         carved["train"][name] = [paths[i] for i in sorted(order[start:])]
     return carved
+
+
+def fold_files(files: Files, hp) -> tuple[Files, Files]:
+    """The training and validation files of fold `hp.fold` of `hp.num_folds`, stratified."""
+    flat = [(name, path) for name, paths in files.items() for path in paths]
+    index = {name: i for i, name in enumerate(files)}
+    labels = [index[name] for name, _ in flat]
+    train, val = fold_split(labels, hp.num_folds, hp.fold, hp.split_seed)
+    split: tuple[Files, Files] = ({name: [] for name in files}, {name: [] for name in files})
+    for part, indices in zip(split, (train, val), strict=True):
+        for i in indices.tolist():
+            part[flat[i][0]].append(flat[i][1])
+    return split
 
 
 class ImageFiles(Dataset):
@@ -298,6 +311,8 @@ class ImageFolderDataModule(ImageDataModule):
         val_fraction: float = 0.1,
         test_fraction: float = 0.1,
         split_seed: int = 0,
+        num_folds: int | None = None,
+        fold: int = 0,
         crop_scale: tuple[float, float] | None = None,
         horizontal_flip: bool = False,
         auto_augment: str | None = None,
@@ -319,6 +334,7 @@ class ImageFolderDataModule(ImageDataModule):
         )
         check_number("val_fraction", val_fraction)
         check_number("test_fraction", test_fraction)
+        check_folds(num_folds, fold)
         check_number("stats_images", stats_images, integer=True, minimum=1)
         check_choice("auto_augment", auto_augment, tuple(AUTO_AUGMENTS))
         check_choice("interpolation", interpolation, INTERPOLATIONS)
@@ -345,6 +361,10 @@ class ImageFolderDataModule(ImageDataModule):
         found = scan(root, self.settings["root"].format(root))
         missing = {s: hp[f"{s}_fraction"] for s in ("val", "test") if s not in found}
         self.splits = {**found, **carve(found["train"], missing, hp.split_seed)}
+        if hp.num_folds:  # k-fold: the train and val images together are the folds
+            train, val = self.splits["train"], self.splits["val"]
+            pool = {name: sorted(paths + val.get(name, [])) for name, paths in train.items()}
+            self.splits["train"], self.splits["val"] = fold_files(pool, hp)
         self.class_names = tuple(self.splits["train"])
         self.train_counts = [len(self.splits["train"][c]) for c in self.class_names]
         self.channels, self.image_size, self.mean, self.std = self._shape_and_stats()
@@ -358,6 +378,8 @@ class ImageFolderDataModule(ImageDataModule):
                 )
         sizes = ", ".join(f"{s} {sum(map(len, self.splits[s].values()))}" for s in SPLITS)
         carved = f" ({' and '.join(missing)} carved from train)" if missing else ""
+        if hp.num_folds:
+            carved += f" (val: fold {hp.fold} of {hp.num_folds})"
         log.info(
             f"Data: image_folder from {root}: {len(self.class_names)} classes, "
             f"{self.channels}×{self.image_size}×{self.image_size}; images: {sizes}{carved}"
