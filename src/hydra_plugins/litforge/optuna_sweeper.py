@@ -496,6 +496,8 @@ class OptunaSweeper(Sweeper):
         if todo <= 0:
             log.info(f"Nothing to run: raise hydra.sweeper.n_trials above {finished} to add more.")
         folds = self._folds(start, arguments)
+        if folds and self.pruner:
+            log.warning("hydra.sweeper.pruner is not used: a trial's folds are jobs of their own.")
         prunes = todo > 0 and bool(self.pruner) and not folds and self._can_prune(start)
         for _ in range(max(todo, 0)):
             trial = study.ask(fixed_distributions=space)
