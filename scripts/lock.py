@@ -31,7 +31,6 @@ except ModuleNotFoundError:  # Python 3.10
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = {"runtime": [], "dev": ["--extra", "dev"]}
-OLDEST_PYTHON = "3.10"  # the lock covers this and every later version (requires-python)
 DIGEST = re.compile(r"^# pyproject digest: ([0-9a-f]+)$", re.M)
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==", re.M)
 # uv's notes on who needs a pin: `# via NAME`, or `# via` then `#   NAME` lines
@@ -44,6 +43,7 @@ def inputs_digest(pyproject: Path) -> str:
     project = tomllib.loads(pyproject.read_text())["project"]
     keys = ("requires-python", "dependencies", "optional-dependencies")
     inputs = json.dumps({key: project.get(key) for key in keys}, sort_keys=True)
+    inputs = inputs.replace(project["name"], "<project>")  # a renamed fork's lock stays current
     return hashlib.sha256(inputs.encode()).hexdigest()[:16]
 
 
@@ -71,11 +71,14 @@ def stale(root: Path) -> list[str]:
 def compile_profiles(root: Path, extra_args: list[str]) -> None:
     uv = shutil.which("uv") or sys.exit("error: uv is not installed: pip install uv")
     digest = inputs_digest(root / "pyproject.toml")
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    # every Python the project supports: from the version requires-python names (">=3.10")
+    oldest_python = re.search(r"\d+\.\d+", project["requires-python"]).group()
     for profile, args in PROFILES.items():
         path = lock_path(root, profile)
         path.parent.mkdir(exist_ok=True)
         command = [uv, "pip", "compile", "pyproject.toml", *args, "--universal"]
-        command += ["--python-version", OLDEST_PYTHON, "--generate-hashes", "--quiet"]
+        command += ["--python-version", oldest_python, "--generate-hashes", "--quiet"]
         command += ["--no-emit-index-url", "--no-emit-find-links"]
         command += ["--custom-compile-command", REFRESH, "-o", str(path), *extra_args]
         if subprocess.run(command, cwd=root).returncode:
