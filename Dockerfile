@@ -15,21 +15,22 @@ ENV PYTHONUNBUFFERED=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH
 
-# The CUDA images come without Python: Ubuntu's. A venv owned by the user, who may add packages.
+# The CUDA images come without Python: Ubuntu's. The user (uid 1000; Ubuntu 24.04 images already
+# have one) owns the project and a venv, so it may add packages.
 # hadolint ignore=DL3008
 RUN if ! command -v python3 >/dev/null; then \
         apt-get update \
         && apt-get install -y --no-install-recommends python3 python3-venv \
         && rm -rf /var/lib/apt/lists/*; \
     fi \
-    && useradd --create-home --uid 1000 litforge \
-    && python3 -m venv /opt/venv \
-    && mkdir /app \
-    && chown litforge:litforge /opt/venv /app
+    && (id -u 1000 >/dev/null 2>&1 || useradd --create-home --uid 1000 litforge) \
+    && mkdir /opt/venv /app \
+    && chown 1000:1000 /opt/venv /app
 
 USER 1000:1000
 WORKDIR /app
 COPY --chown=1000:1000 . .
-RUN PYTHON=python bash scripts/install.sh "$PROFILE"
+RUN python3 -m venv /opt/venv \
+    && PYTHON=python bash scripts/install.sh "$PROFILE"
 
 CMD ["python", "train.py"]

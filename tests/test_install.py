@@ -116,8 +116,10 @@ def test_the_install_script_names_the_profiles_on_a_wrong_one():
 
 
 def test_the_image_installs_with_the_install_script_as_a_user():
-    dockerfile = (ROOT / "Dockerfile").read_text()
-    instructions = [line for line in dockerfile.splitlines() if line and not line.startswith("#")]
+    text = (ROOT / "Dockerfile").read_text()
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    joined = "\n".join(lines).replace("\\\n", " ")  # a continued instruction on one line
+    instructions = [" ".join(line.split()) for line in joined.splitlines() if line.strip()]
     runs = [line for line in instructions if line.startswith("RUN")]
     assert any('bash scripts/install.sh "$PROFILE"' in line for line in runs)
     user = next(line for line in instructions if line.startswith("USER")).split()[1]
