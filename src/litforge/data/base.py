@@ -31,10 +31,9 @@ def check_choice(key: str, value: object, choices: Sequence[str]) -> None:
 
 
 def check_folds(num_folds: int | None, fold: int) -> None:
-    if num_folds is None:
-        return
-    check_number("num_folds", num_folds, integer=True, minimum=2)
-    if not (isinstance(fold, int) and 0 <= fold < num_folds):
+    if num_folds is not None:
+        check_number("num_folds", num_folds, integer=True, minimum=2)
+    if num_folds is not None and fold not in range(num_folds):
         raise UserError(
             f"data.fold={fold} is not a fold of data.num_folds={num_folds}: give 0 to "
             f"{num_folds - 1} (all of them: -m data.fold={','.join(map(str, range(num_folds)))})."

@@ -141,14 +141,12 @@ def carve(files: Files, fractions: dict[str, float], seed: int) -> dict[str, Fil
 
 def fold_files(files: Files, hp) -> tuple[Files, Files]:
     """The training and validation files of fold `hp.fold` of `hp.num_folds`, stratified."""
-    flat = [(name, path) for name, paths in files.items() for path in paths]
-    index = {name: i for i, name in enumerate(files)}
-    labels = [index[name] for name, _ in flat]
-    train, val = fold_split(labels, hp.num_folds, hp.fold, hp.split_seed)
-    split: tuple[Files, Files] = ({name: [] for name in files}, {name: [] for name in files})
-    for part, indices in zip(split, (train, val), strict=True):
+    names, split = list(files), ({name: [] for name in files}, {name: [] for name in files})
+    flat = [(label, path) for label, paths in enumerate(files.values()) for path in paths]
+    parts = fold_split([label for label, _ in flat], hp.num_folds, hp.fold, hp.split_seed)
+    for part, indices in zip(split, parts, strict=True):
         for i in indices.tolist():
-            part[flat[i][0]].append(flat[i][1])
+            part[names[flat[i][0]]].append(flat[i][1])
     return split
 
 
@@ -378,8 +376,7 @@ class ImageFolderDataModule(ImageDataModule):
                 )
         sizes = ", ".join(f"{s} {sum(map(len, self.splits[s].values()))}" for s in SPLITS)
         carved = f" ({' and '.join(missing)} carved from train)" if missing else ""
-        if hp.num_folds:
-            carved += f" (val: fold {hp.fold} of {hp.num_folds})"
+        carved += f" (val: fold {hp.fold} of {hp.num_folds})" if hp.num_folds else ""
         log.info(
             f"Data: image_folder from {root}: {len(self.class_names)} classes, "
             f"{self.channels}×{self.image_size}×{self.image_size}; images: {sizes}{carved}"

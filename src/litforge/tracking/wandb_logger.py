@@ -1,0 +1,45 @@
+"""`logger=wandb`: Lightning's WandbLogger, offline without credentials, resumable."""
+
+import logging
+import netrc
+import os
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
+
+log = logging.getLogger(__name__)
+
+
+def wandb_has_credentials() -> bool:
+    """An API key in the environment or from `wandb login` (~/.netrc)."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return any("wandb" in host for host in netrc.netrc().hosts)
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+class WandbLogger(_LightningWandbLogger):
+    """Never waits for a login: offline without credentials (or `WANDB_MODE=offline`), naming the
+    `wandb sync` command. A resumed run (`resume_from`) goes on in its folder's newest wandb run."""
+
+    def __init__(
+        self, offline: bool | None = None, resume_from: str | None = None, **kwargs: Any
+    ) -> None:
+        if offline is None:
+            offline = os.environ.get("WANDB_MODE") == "offline" or not wandb_has_credentials()
+        save_dir = kwargs.get("save_dir") or "."
+        if resume_from and not kwargs.get("id"):  # wandb's folders: `[offline-]run-<time>-<id>`
+            runs = sorted(
+                Path(save_dir, "wandb").glob("*run-*-*"), key=lambda p: p.name.split("run-", 1)[1]
+            )
+            if runs:
+                kwargs |= {"id": runs[-1].name.rsplit("-", 1)[1], "resume": "allow"}
+        super().__init__(offline=offline, **kwargs)
+        if offline:
+            log.info(
+                f"wandb: no API key, logging offline into {save_dir}/wandb; upload later with "
+                f"`wandb sync {save_dir}/wandb/offline-run-*`"
+            )
