@@ -100,23 +100,24 @@ def summary_rows(sweep_dir) -> list[dict[str, str]]:
 @pytest.mark.slow
 def test_search_runs_trials_and_resumes_the_same_study(tmp_path, idx_data_dir):
     sweep_dir = tmp_path / "search"
-    first = search(idx_data_dir, sweep_dir, "hydra.sweeper.n_trials=2")
+    first = search(idx_data_dir, sweep_dir, "hydra.sweeper.n_trials=1")
     assert first.returncode == 0, first.stderr[-3000:]
     study = open_study(sweep_dir)
-    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE]
     first_params = [t.params for t in study.trials]
 
-    # The same command with a larger n_trials: the stored trials stay, one more runs.
-    again = search(idx_data_dir, sweep_dir, "hydra.sweeper.n_trials=3")
+    # The same command with a larger n_trials: the stored trial stays, one more runs.
+    again = search(idx_data_dir, sweep_dir, "hydra.sweeper.n_trials=2")
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "2 finished trial(s), 1 to run" in again.stdout + again.stderr
+    assert "1 finished trial(s), 1 to run" in again.stdout + again.stderr
     study = open_study(sweep_dir)
-    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
-    assert [t.params for t in study.trials[:2]] == first_params
-    assert {p.name for p in sweep_dir.iterdir()} >= {"0", "1", "2", "optuna.db", "summary.md"}
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+    assert [t.params for t in study.trials[:1]] == first_params
+    assert study.trials[1].params != first_params[0]  # a new point of the space
+    assert {p.name for p in sweep_dir.iterdir()} >= {"0", "1", "optuna.db", "summary.md"}
 
     rows = summary_rows(sweep_dir)
-    assert sorted(row["job"] for row in rows) == ["0", "1", "2"]  # all, not just the last run
+    assert sorted(row["job"] for row in rows) == ["0", "1"]  # all, not just the last run
     assert [float(row["val/acc_best"]) for row in rows] == pytest.approx(
         sorted((t.value for t in study.trials), reverse=True), abs=1e-4
     )

@@ -440,11 +440,11 @@ class OptunaSweeper(Sweeper):
         assert self.config is not None
         mode = OmegaConf.select(self.config, "optimized_metric_mode", default="max")
         direction = self.direction or ("maximize" if mode == "max" else "minimize")
-        sampler = (
-            instantiate(self.sampler)
-            if self.sampler
-            else optuna.samplers.TPESampler(seed=OmegaConf.select(self.config, "seed"))
-        )
+        sampler_config = self.sampler or {
+            "_target_": "optuna.samplers.TPESampler",
+            "seed": OmegaConf.select(self.config, "seed"),
+        }
+        sampler = instantiate(sampler_config)
         pruner = instantiate(self.pruner) if self.pruner else optuna.pruners.NopPruner()
         storage = self.storage or f"sqlite:///{(sweep_dir / 'optuna.db').resolve()}"
         try:
@@ -462,6 +462,11 @@ class OptunaSweeper(Sweeper):
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             log.warning(f"trial {trial.number} was interrupted; recording it as failed")
             study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+        # A seeded sampler draws the same points in each invocation: a resumed study's sampler is
+        # seeded past its trials, so that it does not run its first points again.
+        if study.trials and sampler_config.get("seed") is not None:
+            seed = sampler_config["seed"] + len(study.trials)
+            study.sampler = instantiate(sampler_config, seed=seed)
         return study, storage
 
     def sweep(self, arguments: list[str]) -> None:
