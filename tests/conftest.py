@@ -3,19 +3,10 @@ import os
 import shutil
 from pathlib import Path
 
-# Two test workers (pyproject's -n 2) on 2 cores: a thread each, for them and the processes
-# they start (whose DDP runs keep theirs). Two 2-thread workers contend: ~13% slower measured.
-if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
 from helpers import NO_FASHION_MNIST, fashion_mnist_dir, run_in_process, write_idx_dataset
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
-
-if os.environ.get("OMP_NUM_THREADS") == "1":
-    torch.set_num_threads(1)  # in case torch was imported before the setting
 
 
 @pytest.fixture(autouse=True)
