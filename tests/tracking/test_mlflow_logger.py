@@ -1,7 +1,7 @@
 """`logger=mlflow` keeps the run in a local SQLite store, read back here through MlflowClient."""
 
 import pytest
-from helpers import compose_config
+from helpers import compose_config, run_in_process, tiny_run_args
 
 from litforge.pipeline import train
 
@@ -48,3 +48,13 @@ def test_mlflow_keeps_config_metrics_and_files_in_sqlite_and_resumes(
     )
     (resumed,) = client.search_runs([experiment.experiment_id])  # the same run, gone on
     assert [m.step for m in client.get_metric_history(resumed.info.run_id, "val/acc")] == [1, 3, 5]
+
+
+def test_a_tracking_server_that_is_not_there_is_one_line(tmp_path, idx_data_dir, monkeypatch):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's retries take minutes
+    args = tiny_run_args(idx_data_dir, tmp_path / "run", "logger=mlflow")
+    result = run_in_process("train.py", *args, "logger.mlflow.tracking_uri=http://127.0.0.1:9")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "error: logger=mlflow: tracking at http://127.0.0.1:9 failed" in result.stderr
+    assert "fix logger.mlflow.tracking_uri / MLFLOW_TRACKING_URI" in result.stderr

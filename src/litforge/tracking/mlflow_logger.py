@@ -8,6 +8,8 @@ from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
 from lightning.pytorch.loggers import MLFlowLogger as _LightningMLFlowLogger
 
+from litforge.errors import UserError
+
 
 class MLFlowLogger(_LightningMLFlowLogger):
     """Lightning's, named after the run folder (or `run_name`), which also sends the run's files
@@ -43,7 +45,17 @@ class MLFlowLogger(_LightningMLFlowLogger):
     @rank_zero_experiment
     def experiment(self):
         starting = not self._initialized
-        client = super().experiment
+        try:
+            client = super().experiment
+        except Exception as err:  # MlflowException: a server not there, a store it can't open
+            if not starting:
+                raise
+            reason = str(err).splitlines()[0][:200]
+            raise UserError(
+                f"logger=mlflow: tracking at {self._tracking_uri} failed ({reason}). Start the "
+                f"server or fix logger.mlflow.tracking_uri / MLFLOW_TRACKING_URI (unset: "
+                f"logs/mlflow.db)."
+            ) from err
         if starting:
             self._id_file.parent.mkdir(parents=True, exist_ok=True)
             self._id_file.write_text(f"{self.run_id}\n")
