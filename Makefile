@@ -25,16 +25,12 @@ data: .installed  ## find or download DATASET (default fashion_mnist); offline: 
 train: data  ## python train.py $(ARGS), e.g. make train ARGS="model.optimizer.lr=0.01"
 	$(PYTHON) train.py $(ARGS)
 
-# Torch threads per test worker (pyproject: two workers): the cores shared out, set before any
-# process starts (two 2-thread workers on 2 cores contend: ~13% slower measured).
-TEST_THREADS ?= $(shell $(PYTHON) -c "import os; print(max(1, (os.cpu_count() or 2) // 2))")
-
 test: .installed  ## the whole test suite (real-data tests skip, saying why, without the data)
 	-@$(PYTHON) -m litforge.data fetch fashion_mnist --apt || echo "(tests that need Fashion-MNIST will be skipped)"
-	OMP_NUM_THREADS=$(TEST_THREADS) $(PYTHON) -m pytest
+	$(PYTHON) -m pytest
 
 test-fast: .installed  ## the tests not marked slow
-	OMP_NUM_THREADS=$(TEST_THREADS) $(PYTHON) -m pytest -m "not slow"
+	$(PYTHON) -m pytest -m "not slow"
 
 lint: .installed  ## ruff and file hygiene through pre-commit
 	pre-commit run --all-files
