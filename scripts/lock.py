@@ -89,8 +89,8 @@ def compile_profiles(root: Path, extra_args: list[str]) -> None:
         print(f"wrote {path.relative_to(root)}")
 
 
-def requirement_names(requirements: list[str]) -> set[str]:
-    return {normalize(re.match(r"[A-Za-z0-9._-]+", r).group()) for r in requirements}
+def requirement_name(requirement: str) -> str:
+    return normalize(re.match(r"[A-Za-z0-9._-]+", requirement).group())
 
 
 def normalize(name: str) -> str:
@@ -103,7 +103,7 @@ def profile_requirements(project: dict, profile: str) -> list[str]:
     wanted, pending = list(project.get("dependencies", [])), PROFILES[profile][1:]
     while pending:  # an extra may name the project's other extras: `litforge[a,b]`
         for requirement in extras.get(pending.pop(), []):
-            if normalize(re.match(r"[A-Za-z0-9._-]+", requirement).group()) == own:
+            if requirement_name(requirement) == own:
                 pending += re.search(r"\[(.*)\]", requirement).group(1).split(",")
             else:
                 wanted.append(requirement)
@@ -122,7 +122,7 @@ def prune(root: Path) -> None:
         for name, entry in pins:
             for parent in VIA.findall(entry):
                 needs.setdefault(normalize(parent), set()).add(name)
-        roots = requirement_names(wanted)
+        roots = {requirement_name(r) for r in wanted}
         if missing := sorted(roots - {name for name, _ in pins}):
             sys.exit(f"error: {path} lacks {', '.join(missing)}: refresh it with `{REFRESH}`.")
         kept, todo = set(), list(roots)

@@ -47,10 +47,11 @@ def _varying(jobs: list[JobResult]) -> dict[int, str]:
 
 
 REPEATS = {"seed": "seeds", "data.fold": "folds"}  # what a mean ± std row averages over
+_REPEATED = "|".join(map(re.escape, REPEATS))
 
 
 def _without_repeats(overrides: str) -> str:
-    return re.sub(r"(^| )(seed|data\.fold)=\S+", "", overrides).strip()
+    return re.sub(rf"(^| )({_REPEATED})=\S+", "", overrides).strip()
 
 
 def rows(jobs: list[JobResult], metric: str | None, mode: str = "max") -> list[dict[str, str]]:
