@@ -4,6 +4,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import NO_FASHION_MNIST, fashion_mnist_dir, run_in_process, write_idx_dataset
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -14,6 +15,16 @@ def _clean_hydra():
     yield
     GlobalHydra.instance().clear()
     HydraConfig.instance().cfg = None
+
+
+@pytest.fixture(autouse=True)
+def _same_torch_threads():
+    """Restore the worker's thread count after a test that sets it (a serving model does): the
+    exact-resume tests compare in-process runs with subprocess runs, and the sums differ between
+    thread counts."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture
