@@ -614,6 +614,7 @@ def write_cnn_checkpoint(
     channels: tuple[int, ...] = (8, 16),
     kernel_size: int = 3,
     class_names: tuple[str, ...] = ("bird", "cat", "dog"),
+    mirror_average: bool = False,
 ) -> Path:
     """A Lightning checkpoint (as train.py's ModelCheckpoint writes it) of an untrained CNN for
     RGB images of `size`×`size`: what serving needs of a trained one, in a fraction of a second."""
@@ -626,6 +627,7 @@ def write_cnn_checkpoint(
             "channels": list(channels),
             "kernel_size": kernel_size,
             "hidden_size": 16,
+            "mirror_average": mirror_average,
         },
         input_shape=[3, size, size],
         num_classes=len(class_names),

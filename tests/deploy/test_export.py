@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from helpers import compose_config
+from helpers import compose_config, write_cnn_checkpoint
 
 from litforge.deploy.export import export
 from litforge.errors import UserError
@@ -90,3 +90,24 @@ def test_export_beyond_the_tolerance_fails_and_leaves_no_file(
 def test_bad_settings_are_one_line_errors(tmp_path, overrides, message):
     with pytest.raises(UserError, match=message):
         export(compose_config("export", tmp_path, overrides))
+
+
+@pytest.mark.parametrize("file_format", ["onnx", "pt2"])
+def test_a_mirror_averaging_network_exports_its_averaging(tmp_path, file_format):
+    checkpoint = write_cnn_checkpoint(tmp_path / "cnn.ckpt", 128, mirror_average=True)
+    path = export(
+        compose_config("export", tmp_path, [f"ckpt_path={checkpoint}", f"format={file_format}"])
+    )
+    assert json.loads((path.parent / "model.json").read_text())["check"]["same_top_class"] == 1.0
+    images = torch.randint(0, 256, (3, 3, 128, 128), dtype=torch.uint8)
+    if file_format == "onnx":
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+        logits, mirrored = (
+            session.run(None, {"images": x.numpy()})[0] for x in (images, images.flip(3))
+        )
+    else:
+        model = torch.export.load(path).module()
+        logits, mirrored = (model(x).detach().numpy() for x in (images, images.flip(3)))
+    np.testing.assert_allclose(logits, mirrored, atol=1e-4)

@@ -169,6 +169,7 @@ def test_cnn_in_two_stages_of_two_tensor_parallel_processes(data):
             "needs strategy.microbatches",
         ),
         (["trainer.gradient_clip_val=1.0"], "trainer.gradient_clip_val is not supported"),
+        (["model=cnn", "model.net.mirror_average=true"], "mirror_average is not supported"),
         (["debug=default"], "trainer.detect_anomaly is not supported"),
         (["trainer.precision=bf16-mixed"], "trainer.precision=bf16-mixed is not supported"),
         (["strategy.save_distributed_checkpoint=false"], "save_distributed_checkpoint=false"),

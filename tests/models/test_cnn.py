@@ -40,3 +40,15 @@ def test_convs_per_block_stacks_convolutions_before_each_pool():
     layers = [type(m).__name__ for m in net.features]
     assert layers.count("Conv2d") == 4 and layers.count("MaxPool2d") == 2
     assert net(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+
+
+def test_mirror_average_predicts_an_image_and_its_mirror_alike_but_trains_on_each():
+    torch.manual_seed(0)
+    averaged = CNN((3, 32, 32), 10, channels=[8, 16], dropout=0.0, mirror_average=True)
+    plain = CNN((3, 32, 32), 10, channels=[8, 16], dropout=0.0)
+    plain.load_state_dict(averaged.state_dict())
+    x = torch.randn(4, 3, 32, 32)
+    torch.testing.assert_close(averaged(x), plain(x))  # training: the images as they come
+    averaged.eval(), plain.eval()
+    torch.testing.assert_close(averaged(x), averaged(x.flip(3)))
+    torch.testing.assert_close(averaged(x), (plain(x) + plain(x.flip(3))) / 2)

@@ -264,6 +264,7 @@ def check_pipeline(cfg: DictConfig) -> None:
         "trainer.accumulate_grad_batches": (trainer.get("accumulate_grad_batches") or 1) > 1,
         "trainer.detect_anomaly": trainer.get("detect_anomaly"),
         f"trainer.precision={trainer.precision}": str(trainer.precision) not in ("32", "32-true"),
+        "model.net.mirror_average": OmegaConf.select(cfg, "model.net.mirror_average"),
     }
     for setting, used in unsupported.items():
         if used:
