@@ -24,7 +24,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from litforge.data.images import IMAGE_SUFFIXES, BadImageError, decode, fit, normalize
+from litforge.data.images import (
+    IMAGE_SUFFIXES,
+    INTERPOLATIONS,
+    BadImageError,
+    decode,
+    fit,
+    normalize,
+)
 from litforge.errors import UserError
 
 METADATA_KEY = "litforge"  # the key of the metadata in model.onnx and model.pt2
@@ -68,6 +75,11 @@ class InputContract:
     size: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    interpolation: str = "bilinear"  # training's `data.interpolation`
+
+    def __post_init__(self) -> None:  # read from a file: a value torchvision cannot use is refused
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"interpolation {self.interpolation!r} is none of {INTERPOLATIONS}")
 
     def prepare(self, data: bytes) -> torch.Tensor:
         """An image file's bytes as the model's input (uint8 C×H×W): decoded, converted to the
@@ -75,7 +87,7 @@ class InputContract:
         fit). Raises `BadImageError` for bytes that are no image, or one of more pixels than PIL
         allows (a small file can unpack into gigabytes)."""
         check_pixel_count(data)
-        return fit(decode(data, self.channels), self.size)
+        return fit(decode(data, self.channels), self.size, self.interpolation)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,8 +95,9 @@ class InputContract:
             "dtype": "uint8",
             "shape": ["batch", self.channels, self.size, self.size],
             "layout": "NCHW, RGB order for 3 channels, values 0-255",
-            "resize": f"shorter side to {self.size} (bilinear, antialiased), then the central "
-            f"{self.size}x{self.size}",
+            "resize": f"shorter side to {self.size} ({self.interpolation}, antialiased), then the "
+            f"central {self.size}x{self.size}",
+            "interpolation": self.interpolation,
             "normalization": "inside the model: (images / 255 - mean) / std per channel",
             "mean": list(self.mean),
             "std": list(self.std),
@@ -93,7 +106,10 @@ class InputContract:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> InputContract:
         _, channels, size, _ = values["shape"]
-        return cls(int(channels), int(size), tuple(values["mean"]), tuple(values["std"]))
+        interpolation = values.get("interpolation", "bilinear")  # not in older exports
+        return cls(
+            int(channels), int(size), tuple(values["mean"]), tuple(values["std"]), interpolation
+        )
 
 
 @dataclass
@@ -171,12 +187,13 @@ def load_classifier(
 
 def classifier_from_checkpoint(path: Path, key: str = "ckpt_path") -> tuple[ImageClassifier, dict]:
     """The checkpoint's network behind its normalization (eval mode, CPU), and its
-    hyperparameters."""
+    hyperparameters with the data's `interpolation`."""
     from litforge import checkpoints
 
     checkpoint = checkpoints.read_checkpoint(path)
     module = checkpoints.load_module(checkpoint, str(path))
-    hp = dict(module.hparams)
+    data = checkpoint.get("datamodule_hyper_parameters") or {}
+    hp = {**module.hparams, "interpolation": data.get("interpolation") or "bilinear"}
     if hp.get("mean") is None or hp.get("std") is None:
         raise UserError(
             f"{key}={path} does not record how its images were normalized (a checkpoint from "
@@ -200,7 +217,11 @@ def _load_checkpoint(path: Path, device: torch.device, compile: bool, key: str):
     classifier.to(device)
     if compile:
         classifier.compile()
-    contract = InputContract(channels, height, tuple(hp["mean"]), tuple(hp["std"]))
+    mean, std = tuple(hp["mean"]), tuple(hp["std"])
+    try:
+        contract = InputContract(channels, height, mean, std, hp["interpolation"])
+    except ValueError as err:
+        raise UserError(f"{key}={path}: {err}; was it written by train.py?") from None
     return LoadedClassifier(path, "checkpoint", contract, _names(hp), classifier, device)
 
 
