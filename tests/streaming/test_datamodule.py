@@ -5,6 +5,7 @@ import json
 import logging
 
 import pytest
+import torch
 from helpers import (
     ROOT,
     assert_option_builds,
@@ -105,6 +106,37 @@ def test_training_on_shards_learns_and_logs_what_it_read(shards, tmp_path, caplo
     log = caplog.text
     assert f"Data: streaming from {output}: 3 classes, 3×20×20" in log
     assert "Training images per class: 27 cat, 27 dog, 27 fox" in log
+
+
+def test_shards_are_resized_and_augmented_as_image_folders_are(shards, tmp_path):
+    source, output = shards
+    settings = {"image_size": 16, "interpolation": "nearest", "auto_augment": "trivialaugment"}
+    streamed = StreamingDataModule(input_dir=str(output), num_workers=0, **settings)
+    folder = ImageFolderDataModule(root=str(source), num_workers=0, **settings)
+    for datamodule in (streamed, folder):
+        datamodule.inspect()
+    for train_time in (True, False):
+        assert streamed.sample_transform(train_time) == folder.sample_transform(train_time)
+    overrides = [f"data.{k}={v}" for k, v in settings.items()]
+    cfg = compose_config(
+        "train",
+        tmp_path,
+        [
+            "data=streaming",
+            f"data.input_dir={output}",
+            "data.batch_size=16",
+            "data.mix=cutmix",
+            *overrides,
+            "trainer.max_epochs=1",
+            "trainer.accelerator=cpu",
+            "callbacks.rich_progress_bar=null",
+        ],
+    )
+    train(cfg)
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["hyper_parameters"]["input_shape"] == [3, 16, 16]
+    # What eval.py, predict.py and serve.py resize new images with.
+    assert checkpoint["datamodule_hyper_parameters"]["interpolation"] == "nearest"
 
 
 def test_a_file_that_does_not_decode_stops_optimize_or_is_left_out(tmp_path, capsys):

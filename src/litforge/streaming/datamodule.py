@@ -35,6 +35,7 @@ from litforge.data.image_folder import (
     ImageDataModule,
     ImageFolderDataModule,
     cannot_decode,
+    check_augmentations,
     check_image_arguments,
 )
 from litforge.data.images import SampleTransform
@@ -275,6 +276,10 @@ class StreamingDataModule(ImageDataModule):
         batch_size: int = 64,
         crop_scale: tuple[float, float] | None = None,
         horizontal_flip: bool = False,
+        auto_augment: str | None = None,
+        interpolation: str | None = None,
+        mix: str | None = None,
+        mix_alpha: float = 1.0,
         mean: list[float] | None = None,
         std: list[float] | None = None,
         num_workers: int = 2,
@@ -288,6 +293,7 @@ class StreamingDataModule(ImageDataModule):
         crop_scale = check_image_arguments(
             batch_size, image_size, channels, crop_scale, mean, std, num_workers, balance
         )
+        interpolation = check_augmentations(auto_augment, interpolation, mix, mix_alpha)
         if balance == "sampler":
             raise ValueError(
                 "balance=sampler needs random access to every sample, which streaming shards "
