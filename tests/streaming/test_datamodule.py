@@ -86,22 +86,27 @@ def test_shards_of_pixels_give_the_batches_shards_of_files_give(shards, tmp_path
         StreamingDataModule(input_dir=str(pixels), channels=1).model_arguments()
 
 
-def test_training_on_shards_learns_and_logs_what_it_read(shards, tmp_path, caplog):
-    caplog.set_level(logging.INFO)
-    _, output = shards
+def train_on_shards(tmp_path, shards_dir, epochs: int, *overrides: str) -> dict[str, float]:
     cfg = compose_config(
         "train",
         tmp_path,
         [
             "data=streaming",
-            f"data.input_dir={output}",
+            f"data.input_dir={shards_dir}",
             "data.batch_size=16",
-            "trainer.max_epochs=3",
+            f"trainer.max_epochs={epochs}",
             "trainer.accelerator=cpu",
             "callbacks.rich_progress_bar=null",
+            *overrides,
         ],
     )
-    metrics = train(cfg)
+    return train(cfg)
+
+
+def test_training_on_shards_learns_and_logs_what_it_read(shards, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    _, output = shards
+    metrics = train_on_shards(tmp_path, output, 3)
     assert metrics["test/acc"] >= 0.9  # the bands are easy
     log = caplog.text
     assert f"Data: streaming from {output}: 3 classes, 3×20×20" in log
@@ -117,22 +122,9 @@ def test_shards_are_resized_and_augmented_as_image_folders_are(shards, tmp_path)
         datamodule.inspect()
     for train_time in (True, False):
         assert streamed.sample_transform(train_time) == folder.sample_transform(train_time)
-    overrides = [f"data.{k}={v}" for k, v in settings.items()]
-    cfg = compose_config(
-        "train",
-        tmp_path,
-        [
-            "data=streaming",
-            f"data.input_dir={output}",
-            "data.batch_size=16",
-            "data.mix=cutmix",
-            *overrides,
-            "trainer.max_epochs=1",
-            "trainer.accelerator=cpu",
-            "callbacks.rich_progress_bar=null",
-        ],
+    train_on_shards(
+        tmp_path, output, 1, "data.mix=cutmix", *(f"data.{k}={v}" for k, v in settings.items())
     )
-    train(cfg)
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["hyper_parameters"]["input_shape"] == [3, 16, 16]
     # What eval.py, predict.py and serve.py resize new images with.
