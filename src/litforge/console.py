@@ -5,8 +5,7 @@ import logging
 import warnings
 from pathlib import Path
 
-import rich
-import rich.markup
+import rich.markup  # (binds `rich` too)
 import rich.syntax
 import rich.table
 import rich.tree

@@ -169,7 +169,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
         )
     if check_fit := getattr(trainer.strategy, "check_fit", None):  # before processes start
         check_fit(model, ckpt_path if fitting else None)
-
     metrics: dict[str, float] = {}
     if fitting:
         fit(trainer, model, datamodule, ckpt_path=ckpt_path)

@@ -249,15 +249,6 @@ def check_image_arguments(
     return None if crop_scale is None else tuple(float(v) for v in crop_scale)
 
 
-def check_augmentations(auto_augment, interpolation, mix, mix_alpha) -> str:
-    """The interpolation to resize with: null is a checkpoint's (eval.py sets it), else bilinear."""
-    check_choice("auto_augment", auto_augment, tuple(AUTO_AUGMENTS))
-    check_choice("interpolation", interpolation, INTERPOLATIONS)
-    check_choice("mix", mix, MIXES)
-    check_number("mix_alpha", mix_alpha, above=True)
-    return interpolation or "bilinear"
-
-
 class ImageDataModule(DataModule):
     """What image folders and streaming shards share once their files are found. `inspect()`
     sets `class_names`, `channels`, `image_size`, `mean`, `std`, `train_counts` (per class)."""
@@ -343,7 +334,11 @@ class ImageFolderDataModule(ImageDataModule):
         check_number("test_fraction", test_fraction)
         check_folds(num_folds, fold)
         check_number("stats_images", stats_images, integer=True, minimum=1)
-        interpolation = check_augmentations(auto_augment, interpolation, mix, mix_alpha)
+        check_choice("auto_augment", auto_augment, tuple(AUTO_AUGMENTS))
+        check_choice("interpolation", interpolation, INTERPOLATIONS)
+        interpolation = interpolation or "bilinear"  # null: a checkpoint's (eval.py), else this
+        check_choice("mix", mix, MIXES)
+        check_number("mix_alpha", mix_alpha, above=True)
         if val_fraction + test_fraction >= 1:
             raise ValueError(
                 f"val_fraction={val_fraction} and test_fraction={test_fraction} leave no "

@@ -43,8 +43,7 @@ class CNN(nn.Module):
             blocks.append(nn.MaxPool2d(2))
         self.features = nn.Sequential(*blocks)
         self.head = nn.Sequential(
-            # 1: global average pooling, any image size; larger keeps a coarse map of where
-            # features are, at pool_size² times the inputs of the head's first layer.
+            # 1: global average pooling, for any image size; larger keeps where features are.
             nn.AdaptiveAvgPool2d(pool_size),
             nn.Flatten(),
             nn.Dropout(dropout),
@@ -53,12 +52,9 @@ class CNN(nn.Module):
             nn.Dropout(dropout),
             nn.Linear(hidden_size, num_classes),
         )
-        # Test-time augmentation for classes that look alike mirrored: outside training the
-        # logits are the mean of the image's and its mirror image's (twice the inference cost).
-        self.mirror_average = mirror_average
+        self.mirror_average = mirror_average  # for classes that look alike mirrored
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training or not self.mirror_average:
-            return self.head(self.features(x))
-        both = self.head(self.features(torch.cat([x, x.flip(3)])))  # one batch: faster
-        return both.unflatten(0, (2, -1)).mean(0)
+        if self.mirror_average and not self.training:  # test-time augmentation: 2× the cost
+            return (self.head(self.features(x)) + self.head(self.features(x.flip(3)))) / 2
+        return self.head(self.features(x))

@@ -30,16 +30,16 @@ from pathlib import Path
 
 import torch
 
+from litforge.data.base import MIXES, check_choice
 from litforge.data.image_folder import (
     SPLITS,
     ImageDataModule,
     ImageFolderDataModule,
     cannot_decode,
-    check_augmentations,
     check_image_arguments,
 )
-from litforge.data.images import SampleTransform
-from litforge.errors import UserError, number_problem
+from litforge.data.images import AUTO_AUGMENTS, INTERPOLATIONS, SampleTransform
+from litforge.errors import UserError, check_number, number_problem
 from litforge.streaming.samples import shard_sample
 
 log = logging.getLogger(__name__)
@@ -293,7 +293,11 @@ class StreamingDataModule(ImageDataModule):
         crop_scale = check_image_arguments(
             batch_size, image_size, channels, crop_scale, mean, std, num_workers, balance
         )
-        interpolation = check_augmentations(auto_augment, interpolation, mix, mix_alpha)
+        check_choice("auto_augment", auto_augment, tuple(AUTO_AUGMENTS))
+        check_choice("interpolation", interpolation, INTERPOLATIONS)
+        interpolation = interpolation or "bilinear"  # null: a checkpoint's (eval.py), else this
+        check_choice("mix", mix, MIXES)
+        check_number("mix_alpha", mix_alpha, above=True)
         if balance == "sampler":
             raise ValueError(
                 "balance=sampler needs random access to every sample, which streaming shards "
