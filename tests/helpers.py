@@ -797,25 +797,56 @@ CRAFTED = {  # (hyper-parameter, value): what a crafted checkpoint asks to build
     ),
     "an interpolation": ("net", {"dropout": "${oc.decode:'{_target_: tempfile.mkdtemp}'}"}),
     "another optimizer": ("optimizer", {"_target_": "tempfile.mkdtemp", "dir": "{d}"}),
+    # Names that start like torch.optim's and resolve, through its modules' imports, to code.
+    "torch.load through torch.optim": (
+        "optimizer",
+        {
+            "_target_": "torch.optim.optimizer.torch.load",
+            "_partial_": False,
+            "_args_": ["{p}"],  # a pickle that makes a folder in {d}
+            "weights_only": False,
+        },
+    ),
+    "os.system through torch.optim": (
+        "scheduler",
+        {
+            "_target_": "torch.optim.optimizer.torch.serialization.os.system",
+            "_partial_": False,
+            "_args_": ["touch {d}/ran"],
+        },
+    ),
+    "Hydra's _args_ on a listed optimizer": (
+        "optimizer",
+        {"_target_": "torch.optim.SGD", "_partial_": True, "_args_": ["{d}"]},
+    ),
+    "weights named in a checkpoint": ("net", {"pretrained_file": "{d}/weights.safetensors"}),
 }
 
 
-REFUSED = r"is not allowed|has a _target_ of its own|interpolation"  # what the refusals say
+REFUSED = r"is not allowed|has a _target_ of its own|interpolation|has _args_|names no weights"  # what the refusals say
 
 
 def crafted_checkpoint(checkpoint_path: Path, craft: str, tmp_path: Path) -> tuple[Path, Path]:
     """A copy of a checkpoint whose hyper-parameters ask to build `CRAFTED[craft]`, and the
     empty folder what it asks for would be made in."""
     import json
+    import os
+    import pickle
 
     import torch
 
+    class Payload:  # unpickled, it makes a folder in `made`
+        def __reduce__(self):
+            return os.mkdir, (str(made / "unpickled"),)
+
     made = tmp_path / "made"
     made.mkdir()
+    payload = tmp_path / "payload.pkl"
+    payload.write_bytes(pickle.dumps(Payload()))
     checkpoint = torch.load(checkpoint_path, weights_only=True)
     key, value = CRAFTED[craft]
-    crafted = json.loads(json.dumps(value).replace("{d}", str(made)))
-    checkpoint["hyper_parameters"][key] = {**checkpoint["hyper_parameters"][key], **crafted}
+    crafted = json.loads(json.dumps(value).replace("{d}", str(made)).replace("{p}", str(payload)))
+    checkpoint["hyper_parameters"][key] = {**(checkpoint["hyper_parameters"][key] or {}), **crafted}
     path = tmp_path / "crafted.ckpt"
     torch.save(checkpoint, path)
     return path, made

@@ -73,8 +73,10 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path, ckpt, message):
     ("module_class", "message"),
     [
         (None, "does not name its LightningModule class and arguments"),
-        ("subprocess.Popen", "names subprocess.Popen, not a class of litforge: not loading it"),
-        ("litforge.data.mnist.MNISTDataModule", "which is not a LightningModule"),
+        ("subprocess.Popen", "subprocess.Popen, which litforge.models.MODULES does not list"),
+        ("litforge.data.mnist.MNISTDataModule", "which litforge.models.MODULES does not list"),
+        # Starts like a module of ours, and resolves through its imports to Lightning's class.
+        ("litforge.models.classifier.L.LightningModule", "litforge.models.MODULES does not list"),
     ],
 )
 def test_only_this_packages_modules_are_rebuilt(tmp_path, one_epoch_run, module_class, message):
@@ -100,21 +102,37 @@ def test_a_checkpoint_without_its_class_loads_with_the_model_config(tmp_path, on
     assert "test/acc" in evaluate(compose_config("eval", tmp_path / "e", overrides))
 
 
-@pytest.mark.parametrize("entry", ["eval.py", "load_from_checkpoint"])
-@pytest.mark.parametrize("craft", CRAFTED)
+ENTRIES = ["eval.py", "load_from_checkpoint", "train=false", "resume"]
+
+
+# Not weights named by load_from_checkpoint's checkpoint: the module takes `pretrained_file` from
+# a training config too (a network reads the file's tensors; timm's loader only tensors).
+@pytest.mark.parametrize(
+    ("craft", "entry"),
+    [
+        (craft, entry)
+        for craft in CRAFTED
+        for entry in ENTRIES
+        if (craft, entry) != ("weights named in a checkpoint", "load_from_checkpoint")
+    ],
+)
 def test_a_checkpoint_builds_only_listed_networks(tmp_path, one_epoch_run, craft, entry):
     """A checkpoint is data: what its configs name is checked against litforge.models'
-    lists before anything is called (here: nothing made in `made/`)."""
+    lists before anything is called (here: nothing made in `made/`), on every path that reads
+    one (predict, export and serve: tests/deploy/test_inference.py)."""
     from litforge.models import ClassificationModule
 
     last, data_dir = one_epoch_run
     path, made = crafted_checkpoint(last, craft, tmp_path)
+    data = ["data=mnist", f"ckpt_path={path}", f"paths.data_dir={data_dir}", "logger=none"]
     with pytest.raises(UserError, match=REFUSED):
         if entry == "eval.py":
-            overrides = ["data=mnist", f"ckpt_path={path}", f"paths.data_dir={data_dir}"]
-            evaluate(compose_config("eval", tmp_path / "e", overrides))
+            evaluate(compose_config("eval", tmp_path / "e", data))
+        elif entry == "load_from_checkpoint":  # as docs/evaluation.md shows; fit would go on
+            ClassificationModule.load_from_checkpoint(path, weights_only=True).configure_optimizers()
         else:
-            ClassificationModule.load_from_checkpoint(path, weights_only=True)
+            more = ["train=false"] if entry == "train=false" else ["trainer.max_epochs=2"]
+            train(compose_config("train", tmp_path / "t", [*data, *more]))
     assert not any(made.iterdir())
 
 

@@ -169,32 +169,65 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
             f"ckpt_path={path} is a torch file but not a Lightning checkpoint (no 'state_dict'). "
             + FIX
         )
+    check_registered(checkpoint, f"ckpt_path={path}")
     return checkpoint
+
+
+def check_registered(checkpoint: dict[str, Any], where: str) -> None:
+    """A UserError unless every class the checkpoint names is registered in `litforge.models`,
+    matched exactly: checked on reading, before anything is built or any module imported."""
+    from litforge.models import MODULES, NETWORKS, OPTIMIZERS
+    from litforge.models.classifier import check_buildable
+
+    name = checkpoint.get("module_class")
+    if name is not None and name not in _module_names(MODULES):
+        raise UserError(
+            f"{where} names the LightningModule {name}, which litforge.models.MODULES does not "
+            f"list: not loading it. {FIX}"
+        )
+    hp = checkpoint.get("hyper_parameters") or {}
+    try:
+        if hp.get("net") is not None:
+            net = check_buildable(hp["net"], "model.net", NETWORKS)
+            if pretrained := [k for k in net if k.startswith("pretrained")]:
+                raise UserError(
+                    f"model.net has {', '.join(pretrained)}: a checkpoint holds its weights, "
+                    f"and names no weights to fetch or read."
+                )
+        for key in ("optimizer", "scheduler"):
+            if hp.get(key) is not None:
+                check_buildable(hp[key], f"model.{key}", OPTIMIZERS, partial=True)
+    except UserError as err:
+        raise UserError(f"{where}: {err}") from None
+
+
+def _module_names(modules) -> dict[str, type]:
+    return {f"{cls.__module__}.{cls.__qualname__}": cls for cls in modules}
 
 
 def load_module(
     checkpoint: dict[str, Any], ckpt_path: str, default: str | None = None
 ) -> L.LightningModule:
-    """The LightningModule the checkpoint names (else `default`) with its weights. Only classes of
-    this package are imported: a checkpoint must not run code of its choosing."""
+    """The LightningModule the checkpoint names (else `default`, a trusted config's `_target_`)
+    with its weights: one of `litforge.models.MODULES` (a checkpoint must not run code of its
+    choosing); `read_checkpoint` checked the rest of what it names."""
     from hydra.utils import get_class
 
-    name = checkpoint.get("module_class") or default
-    package = __name__.split(".")[0]
-    if not name or "hyper_parameters" not in checkpoint:
+    from litforge.models import MODULES
+
+    named = checkpoint.get("module_class")
+    if not (named or default) or "hyper_parameters" not in checkpoint:
         raise UserError(
             f"{ckpt_path} does not name its LightningModule class and arguments (an older "
             f"checkpoint, or callbacks.resume_state was off): add model=<the model config it "
             f"was trained with>."
         )
-    if not name.startswith(f"{package}."):
-        raise UserError(f"{ckpt_path} names {name}, not a class of {package}: not loading it.")
-    try:
-        module_class = get_class(name)
-    except Exception as err:
-        raise UserError(f"{ckpt_path} names {name}, which does not import ({err}).") from err
-    if not issubclass(module_class, L.LightningModule):
-        raise UserError(f"{ckpt_path} names {name}, which is not a LightningModule.")
+    module_class = _module_names(MODULES)[named] if named else get_class(default)
+    if module_class not in MODULES:
+        raise UserError(
+            f"model._target_={default} is not in litforge.models.MODULES: add it there to "
+            f"evaluate its checkpoints."
+        )
     try:  # a checkpoint's network and optimizer configs are checked before anything is built
         model = module_class(**checkpoint["hyper_parameters"])
     except UserError as err:

@@ -1,5 +1,7 @@
 """The LightningModule that trains any backbone network on a classification task."""
 
+import contextlib
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,24 +23,55 @@ from litforge.errors import UserError, check_number
 from litforge.models import NETWORKS, OPTIMIZERS
 
 
-def check_buildable(config: Any, key: str, allowed: Sequence[str], prefix: bool = False) -> Any:
-    """`config` as plain dicts and lists (checkpoints must load with weights_only=True); a
-    UserError unless it builds one of `allowed` (`prefix`: a name starting with one) from plain
-    values: no nested `_target_`, no `${...}` (`oc.decode` could make one)."""
+def registered_name(target: object, allowed: Sequence[str]) -> str | None:
+    """The entry of `allowed` that `target` names, or None: the entry itself, or the path where
+    its class is defined. Nothing is imported by `target`'s own name: a checkpoint's names never
+    choose what code runs, not even which modules load."""
+    if not isinstance(target, str):
+        return None
+    return target if target in allowed else _defined_at(tuple(allowed)).get(target)
+
+
+@functools.cache
+def _defined_at(allowed: tuple[str, ...]) -> dict[str, str]:
+    """`module.qualname` of each listed class → its listed name (only listed names import)."""
+    from hydra.utils import get_object
+
+    found = {}
+    for name in allowed:
+        with contextlib.suppress(Exception):  # a listed network whose extra is not installed
+            obj = get_object(name)
+            found[f"{obj.__module__}.{obj.__qualname__}"] = name
+    return found
+
+
+def check_buildable(config: Any, key: str, allowed: Sequence[str], partial: bool = False) -> Any:
+    """`config` as plain dicts and lists (checkpoints must load with weights_only=True), its
+    `_target_` the registered name; a UserError unless it builds one of `allowed` from plain
+    values: no other `_target_`, no `${...}` (`oc.decode` could make one), no Hydra keyword but
+    `_partial_: true` (`partial`: an optimizer or scheduler, given its parameters later)."""
     if isinstance(config, DictConfig):
         config = OmegaConf.to_container(config, resolve=True)
     if config is None:
         return None
     target = config.get("_target_") if isinstance(config, Mapping) else None
-    named = isinstance(target, str) and (
-        target.startswith(tuple(allowed)) if prefix else target in allowed
-    )
-    if not named:
-        what, listed = ("names starting with", "OPTIMIZERS") if prefix else ("only", "NETWORKS")
+    name = registered_name(target, allowed)
+    if name is None:
+        listed = "OPTIMIZERS" if partial else "NETWORKS"
         raise UserError(
-            f"{key}._target_={target} is not allowed: a model may build {what} "
-            f"{', '.join(allowed)}. If it is yours, add it to litforge.models.{listed} "
-            f"(src/litforge/models/__init__.py); a checkpoint that names it is not loaded."
+            f"{key}._target_={target} is not allowed: a model builds only what "
+            f"litforge.models.{listed} lists (src/litforge/models/__init__.py). If it is yours, "
+            f"add it there; a checkpoint that names anything else is not loaded."
+        )
+    keywords = {k for k in config if k.startswith("_") and k.endswith("_")} - {"_target_"}
+    if keywords - ({"_partial_"} if partial else set()):
+        raise UserError(
+            f"{key} has {', '.join(sorted(keywords))}: a model's {key} is built from its "
+            f"_target_ and plain values{' (and _partial_: true)' if partial else ''} only."
+        )
+    if partial and config.get("_partial_") is not True:
+        raise UserError(
+            f"{key}._partial_ must be true: the model gives it the parameters when it builds it."
         )
 
     def refuse(value: Any, where: str) -> None:
@@ -59,7 +92,7 @@ def check_buildable(config: Any, key: str, allowed: Sequence[str], prefix: bool 
             )
 
     refuse({k: v for k, v in config.items() if k != "_target_"}, key)
-    return config
+    return {**config, "_target_": name}
 
 
 class ClassificationModule(L.LightningModule):
@@ -86,8 +119,8 @@ class ClassificationModule(L.LightningModule):
     ) -> None:
         super().__init__()
         net = check_buildable(net, "model.net", NETWORKS)
-        optimizer = check_buildable(optimizer, "model.optimizer", OPTIMIZERS, prefix=True)
-        scheduler = check_buildable(scheduler, "model.scheduler", OPTIMIZERS, prefix=True)
+        optimizer = check_buildable(optimizer, "model.optimizer", OPTIMIZERS, partial=True)
+        scheduler = check_buildable(scheduler, "model.scheduler", OPTIMIZERS, partial=True)
         if "lr" in optimizer:
             check_number("optimizer.lr", optimizer["lr"], above=True)
         if optimizer.get("weight_decay") is not None:
