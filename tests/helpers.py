@@ -823,7 +823,8 @@ CRAFTED = {  # (hyper-parameter, value): what a crafted checkpoint asks to build
 }
 
 
-REFUSED = r"is not allowed|has a _target_ of its own|interpolation|has _args_|names no weights"  # what the refusals say
+# What the refusals say.
+REFUSED = r"is not allowed|has a _target_ of its own|interpolation|has _args_|names no weights"
 
 
 def crafted_checkpoint(checkpoint_path: Path, craft: str, tmp_path: Path) -> tuple[Path, Path]:

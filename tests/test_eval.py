@@ -129,7 +129,8 @@ def test_a_checkpoint_builds_only_listed_networks(tmp_path, one_epoch_run, craft
         if entry == "eval.py":
             evaluate(compose_config("eval", tmp_path / "e", data))
         elif entry == "load_from_checkpoint":  # as docs/evaluation.md shows; fit would go on
-            ClassificationModule.load_from_checkpoint(path, weights_only=True).configure_optimizers()
+            module = ClassificationModule.load_from_checkpoint(path, weights_only=True)
+            module.configure_optimizers()
         else:
             more = ["train=false"] if entry == "train=false" else ["trainer.max_epochs=2"]
             train(compose_config("train", tmp_path / "t", [*data, *more]))
