@@ -666,6 +666,22 @@ def photo(seed: int, width: int = 640, height: int = 480, file_format: str = "JP
     return buffer.getvalue()
 
 
+def png_bomb(width: int, height: int) -> bytes:
+    """A valid grayscale PNG of zeros: ~1 KB per million pixels, which unpack into a byte each."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = struct.pack(">I", zlib.crc32(kind + data))
+        return struct.pack(">I", len(data)) + kind + data + crc
+
+    compressor, row = zlib.compressobj(9), bytes(width + 1)  # a filter byte, then the pixels
+    pixels = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)  # 8-bit gray
+    chunks = chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + chunks
+
+
 def process_group(pgid: int) -> list[int]:
     """The live processes (zombies left out) of process group `pgid`, from /proc."""
     pids = []

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 from helpers import (
     band_image,
     compose_config,
+    png_bomb,
     run_in_process,
     train_recording_samples,
     write_image_folder,
@@ -225,14 +227,25 @@ def test_a_folder_that_cannot_work_is_one_clear_error_before_training(tmp_path, 
         make(root).model_arguments()
 
 
+BAD_FILES = {  # the bytes, what the log says of them
+    "broken": (b"\xff\xd8\xff not really a jpeg", "not an image torchvision or PIL can read"),
+    "empty": (b"", "an empty file (0 bytes)"),
+    "bomb": (png_bomb(10_000, 10_000), "10000x10000 pixels, more than the 89,478,485"),
+}
+
+
+@pytest.mark.parametrize("kind", BAD_FILES)
 @pytest.mark.parametrize("on_bad_file", ["error", "skip"])
-def test_a_file_that_does_not_decode_stops_the_run_or_is_skipped(tmp_path, caplog, on_bad_file):
+def test_a_file_that_does_not_decode_stops_the_run_or_is_skipped(
+    tmp_path, caplog, on_bad_file, kind
+):
     root = folder(tmp_path, train=10)
     # Statistics from one good file: the bad one is met when loading (as in a large folder).
     settings = {"batch_size": 100, "val_fraction": 0, "test_fraction": 0, "stats_images": 1}
     make(root, **settings).inspect()  # statistics cached while every file is good
     bad = root / "train" / "dog" / "0003.jpg"
-    bad.write_bytes(b"\xff\xd8\xff not really a jpeg")
+    data, reason = BAD_FILES[kind]
+    bad.write_bytes(data)
     dm = make(root, on_bad_file=on_bad_file, **settings)
     dm.inspect()  # (no validation images to set up)
     loader = dm.train_dataloader()
@@ -240,11 +253,20 @@ def test_a_file_that_does_not_decode_stops_the_run_or_is_skipped(tmp_path, caplo
         with pytest.raises(UserError, match=f"cannot decode {bad}.*data.on_bad_file=skip"):
             list(loader)
     else:
-        [(images, labels)] = list(loader)
-        assert len(images) == len(labels) == 29 and loader.skipped == 1
-        assert f"Left out {bad} (not an image torchvision or PIL can read) (1 this epoch" in (
-            caplog.text
-        )
+        for _ in range(2):  # a second epoch too: workers meet it again
+            [(images, labels)] = list(loader)
+            assert len(images) == len(labels) == 29 and loader.skipped == 1
+        assert f"Left out {bad} ({reason}" in caplog.text and "(1 this epoch" in caplog.text
+
+
+@pytest.mark.parametrize("kind", ["empty", "bomb"])
+def test_a_bad_file_met_while_measuring_the_images_is_one_line(tmp_path, kind):
+    root = folder(tmp_path, train=4)
+    bad = root / "train" / "cat" / "0001.png"
+    bad.write_bytes(BAD_FILES[kind][0])
+    with pytest.raises(UserError, match=f"cannot decode {bad} .{re.escape(BAD_FILES[kind][1])}"):
+        make(root).inspect()
+    make(root, on_bad_file="skip", max_image_pixels=200_000_000).inspect()  # a bomb allowed
 
 
 def test_balance_by_sampler_or_loss(tmp_path):

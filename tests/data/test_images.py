@@ -1,10 +1,13 @@
 """Encoded images to uint8 tensors (`litforge.data.images`), on files in real formats."""
 
 import io
+import re
+import struct
 
 import numpy as np
 import pytest
 import torch
+from helpers import png_bomb
 from PIL import Image
 
 from litforge.data.images import (
@@ -63,6 +66,40 @@ def test_broken_bytes_are_a_bad_image():
     for data in (b"not an image at all", png[: len(png) // 2]):
         with pytest.raises(BadImageError):
             decode(data, 3)
+
+
+def test_an_empty_file_is_a_bad_image():
+    with pytest.raises(BadImageError, match=r"an empty file \(0 bytes\)"):
+        decode(b"", 3)
+
+
+def bmp_header(width: int, height: int) -> bytes:
+    """A 24-bit BMP's headers, without the pixels they announce."""
+    info = struct.pack("<IiiHHIIiiII", 40, width, height, 1, 24, 0, 0, 2835, 2835, 0, 0)
+    return b"BM" + struct.pack("<IHHI", 54 + 3 * width * height, 0, 0, 54) + info
+
+
+@pytest.mark.parametrize(
+    ("data", "max_pixels", "message"),
+    [
+        # ~100 KB that unpack into 100 MB; a PNG's header is read directly.
+        (png_bomb(10_000, 10_000), None, "10000x10000 pixels, more than the 89,478,485"),
+        (encoded(RGB, "JPEG"), 100, "16x12 pixels, more than the 100 that"),  # Pillow's
+        # Beyond twice Pillow's own limit, Pillow refuses to open it at all.
+        (bmp_header(30_000, 30_000), None, "Image size (900000000 pixels) exceeds limit"),
+    ],
+)
+def test_an_image_of_too_many_pixels_is_refused_before_decoding(
+    monkeypatch, data, max_pixels, message
+):
+    def no_decoding():
+        raise AssertionError("decoded")
+
+    monkeypatch.setattr("litforge.data.images._torchvision_decoder", no_decoding)
+    monkeypatch.setattr("litforge.data.images._decode_with_pil", no_decoding)
+    limit = {} if max_pixels is None else {"max_pixels": max_pixels}
+    with pytest.raises(BadImageError, match=re.escape(message)):
+        decode(data, 3, **limit)
 
 
 def test_fit_resizes_the_shorter_side_and_keeps_the_center():

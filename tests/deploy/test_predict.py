@@ -5,7 +5,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, compose_config, run_in_process
+from helpers import ROOT, compose_config, png_bomb, run_in_process
 
 from litforge.deploy.predict import predict
 from litforge.errors import UserError
@@ -89,20 +89,24 @@ def test_top_k_beyond_the_classes_gives_every_class_once(tmp_path, trained_image
     assert sorted(row[key] for key in ("label", "label_2", "label_3")) == ["a", "b", "c"]
 
 
-def test_image_of_too_many_pixels_is_refused_unread(
-    tmp_path, trained_images, folder_with_bad_files, monkeypatch, caplog
+def test_empty_files_and_images_of_too_many_pixels_are_skipped_unread(
+    tmp_path, trained_images, folder_with_bad_files, caplog
 ):
-    from PIL import Image
-
-    # The limit lowered to keep the test small: a 30x30 image stands for a 20 MB PNG that
-    # would unpack into gigabytes (PIL's limit is 89 million pixels).
-    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 600)
-    Image.new("RGB", (30, 30)).save(folder_with_bad_files / "huge.png")
+    (folder_with_bad_files / "empty.jpg").write_bytes(b"")
+    (folder_with_bad_files / "bomb.png").write_bytes(png_bomb(10_000, 10_000))  # 100 KB
     overrides = [f"ckpt_path={trained_images.checkpoint}", f"input={folder_with_bad_files}"]
     predict(compose_config("predict", tmp_path, overrides))
     assert len(read_rows(tmp_path / "run")) == 8  # the 20x24 images pass
-    skipped = [r.message for r in caplog.records if "huge.png" in r.message]
-    assert skipped and "30x30 pixels is more than the 600 allowed" in skipped[0]
+    skipped = {name: [r.message for r in caplog.records if name in r.message] for name in
+               ("empty.jpg", "bomb.png")}  # fmt: skip
+    assert "an empty file (0 bytes)" in skipped["empty.jpg"][0]
+    assert "10000x10000 pixels, more than the 89,478,485" in skipped["bomb.png"][0]
+
+    # The limit is a setting: here lower than the 20x24 images, so none decodes.
+    low = [*overrides, "predict.max_image_pixels=400"]
+    with pytest.raises(UserError, match="none of its 11 file"):
+        predict(compose_config("predict", tmp_path / "low", low))
+    assert "24x20 pixels, more than the 400" in caplog.text
 
 
 @pytest.mark.parametrize(

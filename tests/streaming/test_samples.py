@@ -4,6 +4,7 @@ import io
 
 import numpy as np
 import pytest
+from helpers import png_bomb
 from PIL import Image
 
 from litforge.data.images import BadImageError
@@ -20,7 +21,8 @@ def encoded(array: np.ndarray, fmt: str) -> bytes:
 
 def test_broken_bytes_are_a_bad_image():
     png = encoded(RGB, "PNG")
-    for data in (b"not an image at all", png[: len(png) // 2]):
+    # Broken, cut off, empty, and 100 MB of pixels in ~100 KB (not decoded: refused by its header)
+    for data in (b"not an image at all", png[: len(png) // 2], b"", png_bomb(10_000, 10_000)):
         with pytest.raises(BadImageError):
             check_decodes(data)
     check_decodes(png)  # a good one passes

@@ -27,6 +27,7 @@ from litforge.data.images import (
     AUTO_AUGMENTS,
     IMAGE_SUFFIXES,
     INTERPOLATIONS,
+    MAX_IMAGE_PIXELS,
     BadImageError,
     SampleTransform,
     channel_stats,
@@ -223,9 +224,10 @@ class FileBatchLoader(ResumesMidEpoch):
 
 
 def check_image_arguments(
-    batch_size, image_size, channels, crop_scale, mean, std, num_workers, balance
+    batch_size, image_size, channels, crop_scale, mean, std, num_workers, balance, max_image_pixels
 ) -> tuple[float, float] | None:
     check_number("batch_size", batch_size, integer=True, minimum=1)
+    check_number("max_image_pixels", max_image_pixels, integer=True, minimum=1)
     if image_size is not None:
         check_number("image_size", image_size, integer=True, minimum=1)
     check_number("num_workers", num_workers, integer=True, minimum=0)
@@ -277,6 +279,7 @@ class ImageDataModule(DataModule):
         return SampleTransform(
             self.channels, self.image_size, train, hp.crop_scale, hp.horizontal_flip,
             hp.seed or 0, hp.get("auto_augment"), hp.get("interpolation", "bilinear"),
+            hp.get("max_image_pixels", MAX_IMAGE_PIXELS),
         )  # fmt: skip
 
     def pin_memory(self) -> bool:
@@ -324,12 +327,14 @@ class ImageFolderDataModule(ImageDataModule):
         pin_memory: bool | None = None,
         on_bad_file: str = "error",
         balance: str = "none",
+        max_image_pixels: int = MAX_IMAGE_PIXELS,
         seed: int | None = 0,
     ) -> None:
         super().__init__()
         crop_scale = check_image_arguments(
-            batch_size, image_size, channels, crop_scale, mean, std, num_workers, balance
-        )
+            batch_size, image_size, channels, crop_scale, mean, std, num_workers, balance,
+            max_image_pixels,
+        )  # fmt: skip
         check_number("val_fraction", val_fraction)
         check_number("test_fraction", test_fraction)
         check_folds(num_folds, fold)
@@ -427,7 +432,7 @@ class ImageFolderDataModule(ImageDataModule):
         decoded = []
         for path in files:
             try:
-                decoded.append(decode(path.read_bytes(), hp.channels))
+                decoded.append(decode(path.read_bytes(), hp.channels, hp.max_image_pixels))
             except (BadImageError, OSError) as err:
                 if hp.on_bad_file == "error":
                     skip = self.settings["on_bad_file"].format("skip")

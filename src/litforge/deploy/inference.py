@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import glob
-import io
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -27,7 +26,7 @@ from torch import nn
 from litforge.data.images import (
     IMAGE_SUFFIXES,
     INTERPOLATIONS,
-    BadImageError,
+    MAX_IMAGE_PIXELS,
     decode,
     fit,
     normalize,
@@ -52,21 +51,6 @@ class ImageClassifier(nn.Module):
         return self.net(normalize(images, self.mean, self.std))
 
 
-def check_pixel_count(data: bytes) -> None:
-    """BadImageError for an image larger than PIL's `Image.MAX_IMAGE_PIXELS` (read from its
-    header: nothing is decoded)."""
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            width, height = image.size
-    except Exception:  # not a format PIL knows: torchvision may, and judges it
-        return
-    limit = Image.MAX_IMAGE_PIXELS
-    if limit and width * height > limit:
-        raise BadImageError(f"{width}x{height} pixels is more than the {limit} allowed")
-
-
 @dataclass(frozen=True)
 class InputContract:
     """What the model takes: uint8 images `channels`×`size`×`size`, as training fitted them."""
@@ -81,13 +65,12 @@ class InputContract:
         if self.interpolation not in INTERPOLATIONS:
             raise ValueError(f"interpolation {self.interpolation!r} is none of {INTERPOLATIONS}")
 
-    def prepare(self, data: bytes) -> torch.Tensor:
+    def prepare(self, data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> torch.Tensor:
         """An image file's bytes as the model's input (uint8 C×H×W): decoded, converted to the
         trained channels, the shorter side resized to `size` and the center kept (evaluation's
-        fit). Raises `BadImageError` for bytes that are no image, or one of more pixels than PIL
-        allows (a small file can unpack into gigabytes)."""
-        check_pixel_count(data)
-        return fit(decode(data, self.channels), self.size, self.interpolation)
+        fit). Raises `BadImageError` for bytes that are no image, or one of more pixels than
+        `max_pixels` (read from its header: a small file can unpack into gigabytes)."""
+        return fit(decode(data, self.channels, max_pixels), self.size, self.interpolation)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -43,16 +43,17 @@ ON_BAD_FILE = ("skip", "error")
 class ImageFileInputs(Dataset):
     """Item i: (i, the prepared uint8 image) or (i, why the file cannot be read)."""
 
-    def __init__(self, files: list[Path], contract: InputContract) -> None:
+    def __init__(self, files: list[Path], contract: InputContract, max_pixels: int) -> None:
         self.files = files
         self.contract = contract
+        self.max_pixels = max_pixels
 
     def __len__(self) -> int:
         return len(self.files)
 
     def __getitem__(self, index: int) -> tuple[int, torch.Tensor | str]:
         try:
-            return index, self.contract.prepare(self.files[index].read_bytes())
+            return index, self.contract.prepare(self.files[index].read_bytes(), self.max_pixels)
         except (BadImageError, OSError) as err:
             return index, str(err) or type(err).__name__
 
@@ -66,7 +67,7 @@ def readable_batch(items: list[tuple[int, torch.Tensor | str]]):
 
 
 def check_settings(settings: DictConfig) -> None:
-    for key in ("top_k", "batch_size"):
+    for key in ("top_k", "batch_size", "max_image_pixels"):
         if problem := number_problem(f"predict.{key}", settings[key], integer=True, minimum=1):
             raise UserError(problem)
     workers = settings.num_workers
@@ -96,7 +97,7 @@ def predict(cfg: DictConfig) -> Counter:
     model = load_classifier(path, pick_device(settings.device, "predict.device"), key=key)
     batches = math.ceil(len(files) / settings.batch_size)
     loader = DataLoader(
-        ImageFileInputs(files, model.contract),
+        ImageFileInputs(files, model.contract, settings.max_image_pixels),
         batch_size=settings.batch_size,
         # One batch is decoded faster here than worker processes start.
         num_workers=min(settings.num_workers, batches) if batches > 1 else 0,

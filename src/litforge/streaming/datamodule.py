@@ -38,7 +38,12 @@ from litforge.data.image_folder import (
     cannot_decode,
     check_image_arguments,
 )
-from litforge.data.images import AUTO_AUGMENTS, INTERPOLATIONS, SampleTransform
+from litforge.data.images import (
+    AUTO_AUGMENTS,
+    INTERPOLATIONS,
+    MAX_IMAGE_PIXELS,
+    SampleTransform,
+)
 from litforge.errors import UserError, check_number, number_problem
 from litforge.streaming.samples import shard_sample
 
@@ -287,12 +292,14 @@ class StreamingDataModule(ImageDataModule):
         cache_dir: str | None = None,
         max_cache_size: str = "50GB",
         balance: str = "none",
+        max_image_pixels: int = MAX_IMAGE_PIXELS,
         seed: int | None = 0,
     ) -> None:
         super().__init__()
         crop_scale = check_image_arguments(
-            batch_size, image_size, channels, crop_scale, mean, std, num_workers, balance
-        )
+            batch_size, image_size, channels, crop_scale, mean, std, num_workers, balance,
+            max_image_pixels,
+        )  # fmt: skip
         check_choice("auto_augment", auto_augment, tuple(AUTO_AUGMENTS))
         check_choice("interpolation", interpolation, INTERPOLATIONS)
         interpolation = interpolation or "bilinear"  # null: a checkpoint's (eval.py), else this

@@ -7,7 +7,7 @@ import io
 import os
 from pathlib import Path
 
-from litforge.data.images import BadImageError, decode, fit
+from litforge.data.images import MAX_IMAGE_PIXELS, BadImageError, check_pixel_count, decode, fit
 
 
 def check_decodes(data: bytes) -> None:
@@ -15,6 +15,9 @@ def check_decodes(data: bytes) -> None:
     torchvision's time, which counts in every worker process of `optimize`."""
     from PIL import Image
 
+    check_pixel_count(data, MAX_IMAGE_PIXELS)  # before anything is decoded
+    if not data:
+        raise BadImageError("an empty file (0 bytes)")
     try:
         with Image.open(io.BytesIO(data)) as image:
             image.load()
