@@ -10,7 +10,6 @@ import torch
 from helpers import ROOT, compose_config, go_offline, run_in_process, run_script
 
 from litforge.errors import UserError
-from litforge.models import NETWORKS
 from litforge.pipeline import evaluate, train
 
 
@@ -81,8 +80,8 @@ MODEL_OPTIONS = ", ".join(sorted(p.stem for p in (ROOT / "conf" / "model").glob(
         (
             "model.net._target_=litforge.models.resnet.ResNet",
             "error: model.net._target_=litforge.models.resnet.ResNet is not allowed: a model "
-            f"may build only {', '.join(NETWORKS)}. If it is yours, "
-            "add it to litforge.models.NETWORKS (src/litforge/models/__init__.py)",
+            "builds only what litforge.models.NETWORKS lists (src/litforge/models/__init__.py). "
+            "If it is yours, add it there",
         ),
         (
             "data=image_folder",
@@ -137,7 +136,10 @@ def test_hydra_full_error_still_shows_the_traceback(tmp_path):
         ("model.optimizer.lr=fast", "model.optimizer.lr='fast' is not a number"),
         ("model.optimizer.weight_decay=-1", "model.optimizer.weight_decay=-1 is out of range"),
         ("data.batch_size=0", "data.batch_size=0 is out of range: expected an integer at least 1"),
-        ("data.batch_size=64.5", "data.batch_size=64.5 is not a number: expected an integer"),
+        ("data.batch_size=64.5", "data.batch_size=64.5 is not an integer: expected an integer"),
+        ("data.batch_size=1e9", "data.batch_size=1000000000.0 is not an integer: expected an"),
+        ("seed=abc", "seed='abc' is not a number: expected an integer at least 0. Set seed=..."),
+        ("trainer.max_epochs=0", "trainer.max_epochs=0 trains nothing: set 1 or more (-1: no"),
         ("data.val_size=-5", "data.val_size=-5 is out of range"),
         ("data.val_size=60000", "data: val_size=60000 must be below the 60000 training images"),
         ("trainer.max_epochs=ten", "trainer.max_epochs='ten' is not a number"),
@@ -158,6 +160,34 @@ def test_bad_value_from_the_cli_is_one_line(tmp_path):
         "error: model.optimizer.lr=0 is out of range: expected a number greater than 0. "
         "Set model.optimizer.lr=..."
     )
+
+
+@pytest.mark.parametrize("accelerator", ["cpu", "auto"])
+def test_several_cpu_processes_and_no_epoch_limit_are_said(
+    tmp_path, caplog, monkeypatch, accelerator
+):
+    """What runs where, before anything starts; a warning when processes outnumber the cores."""
+    from litforge.pipeline import describe_run
+
+    caplog.set_level("INFO")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    overrides = ["strategy=ddp", "trainer.devices=4", f"trainer.accelerator={accelerator}"]
+    describe_run(compose_config("train", tmp_path, [*overrides, "trainer.max_epochs=-1"]))
+    found = ", no GPU found" if accelerator == "auto" else ""
+    assert (
+        f"trainer.devices=4 on the CPU (trainer.accelerator={accelerator}{found}): 4 processes "
+        f"on this machine, gloo between them." in caplog.text
+    )
+    [warning] = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "4 processes on 2 CPU cores: they take turns" in warning.message
+    assert (
+        "trainer.max_epochs=-1: no epoch limit." in caplog.text and "ckpt_path=last" in caplog.text
+    )
+
+    caplog.clear()  # one process, or an epoch limit: nothing to say
+    describe_run(compose_config("train", tmp_path, ["trainer.accelerator=cpu"]))
+    assert not caplog.records
 
 
 def test_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tmp_path, idx_data_dir):

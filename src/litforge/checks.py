@@ -7,6 +7,7 @@ from omegaconf import DictConfig, OmegaConf
 from litforge.errors import UserError, number_problem
 
 NUMBERS = {  # key: what `number_problem` checks it for
+    "seed": {"integer": True},
     "model.optimizer.lr": {"above": True},
     "model.optimizer.weight_decay": {},
     "data.batch_size": {"integer": True, "minimum": 1},
@@ -24,6 +25,11 @@ def check_config(cfg: DictConfig, needs_checkpoint: bool = False) -> None:
         value = OmegaConf.select(cfg, key, default=None)
         if value is not None and (problem := number_problem(key, value, **bounds)):
             raise UserError(f"{problem} Set {key}=...")
+    if cfg.get("train") and OmegaConf.select(cfg, "trainer.max_epochs") == 0:
+        raise UserError(
+            "trainer.max_epochs=0 trains nothing: set 1 or more (-1: no limit). To test a "
+            "checkpoint without training: train=false ckpt_path=<checkpoint>, or eval.py."
+        )
     if cfg.get("optimized_metric_mode", "max") not in ("max", "min"):
         raise UserError(
             f"optimized_metric_mode={cfg.optimized_metric_mode} is neither max nor min. "

@@ -35,8 +35,10 @@ def number_problem(
     kinds = (int,) if integer else (int, float)
     bound = f"{'greater than' if above else 'at least'} {minimum}"
     expected = f"{'an integer' if integer else 'a number'} {bound}"
-    if isinstance(value, bool) or not isinstance(value, kinds):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"{name}={value!r} is not a number: expected {expected}."
+    if not isinstance(value, kinds):  # 1e9 is a float to YAML and Hydra
+        return f"{name}={value!r} is not an integer: expected {expected}."
     if value < minimum or (above and value == minimum):
         return f"{name}={value} is out of range: expected {expected}."
     return None

@@ -7,6 +7,7 @@ import gc
 import json
 import logging
 import math
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,11 @@ from hydra.errors import InstantiationException
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from litforge import checkpoints, resume
-from litforge.checks import check_config
+from litforge.checks import accelerator_is_cpu, check_config
 from litforge.console import print_config, print_metrics, quiet_lightning
 from litforge.errors import UserError, one_line
 
@@ -48,6 +50,31 @@ def start(cfg: DictConfig) -> None:
         print_config(cfg, save_to=Path(cfg.paths.output_dir) / "config_tree.log")
     if cfg.get("seed") is not None:  # `seed=0` is a seed too
         L.seed_everything(cfg.seed, workers=True)
+    if rank_zero_only.rank == 0:  # not again in each process DDP starts
+        describe_run(cfg)
+
+
+def describe_run(cfg: DictConfig) -> None:
+    """What the config leaves implicit: several processes on CPUs, no epoch limit."""
+    trainer, cores = cfg.trainer, os.cpu_count() or 1
+    devices = trainer.get("devices")
+    if accelerator_is_cpu(str(trainer.accelerator)) and isinstance(devices, int) and devices > 1:
+        found = ", no GPU found" if trainer.accelerator == "auto" else ""
+        log.info(
+            f"trainer.devices={devices} on the CPU (trainer.accelerator={trainer.accelerator}"
+            f"{found}): {devices} processes on this machine, gloo between them."
+        )
+        if devices > cores:
+            log.warning(
+                f"{devices} processes on {cores} CPU cores: they take turns, and train slower "
+                f"than trainer.devices={cores} would."
+            )
+    if cfg.get("train") and trainer.get("max_epochs") == -1:
+        log.info(
+            "trainer.max_epochs=-1: no epoch limit. The run ends at trainer.max_steps or "
+            "trainer.max_time when set, when early stopping stops it, or when you stop it: "
+            "SIGTERM saves checkpoints/last.ckpt, and ckpt_path=last resumes."
+        )
 
 
 def prepare_run(cfg: DictConfig) -> None:

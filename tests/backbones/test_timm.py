@@ -64,6 +64,14 @@ def test_an_unknown_model_name_is_refused_with_the_nearest_names():
 def test_a_missing_weights_file_is_one_clear_error(tmp_path):
     with pytest.raises(UserError, match=r"pretrained_file=.*nowhere\.safetensors: no such file"):
         TimmNet((3, 32, 32), 2, MODEL, pretrained_file=str(tmp_path / "nowhere.safetensors"))
+    text = tmp_path / "notes.pth"
+    text.write_text("not weights at all\n")
+    with pytest.raises(UserError, match=r"notes\.pth is not a weights file \(neither safetensors"):
+        TimmNet((3, 32, 32), 2, MODEL, pretrained_file=str(text))
+    pickled = tmp_path / "pickled.pth"  # a whole module, not its tensors: weights_only refuses it
+    torch.save({"model": torch.nn.Linear(2, 2)}, pickled)
+    with pytest.raises(UserError, match=r"pickled\.pth holds Python objects besides tensors"):
+        TimmNet((3, 32, 32), 2, MODEL, pretrained_file=str(pickled))
 
 
 def test_a_file_of_another_models_weights_is_refused(tmp_path):

@@ -90,6 +90,9 @@ def trained(tmp_path_factory, weights, colour_images, timm_args):
 def test_the_backbone_is_frozen_for_its_epochs_then_trains(trained, weights):
     assert_frozen_for_one_epoch(trained.checkpoints, weights)
     assert trained.metrics["test/acc"] > 0.9, "the colours are learned"
+    said = (trained.run / "train.log").read_text()
+    assert said.count("Backbone frozen for epoch(s) 0 to 0") == 1
+    assert said.count("Backbone unfrozen at epoch 1") == 1
 
 
 @pytest.mark.slow
@@ -230,6 +233,7 @@ def test_ema_tests_the_average_as_eval_py_does(tmp_path, colour_images, timm_arg
     [best] = (tmp_path / "run" / "checkpoints").glob("epoch_*.ckpt")
     checkpoint = torch.load(best, weights_only=True)
     assert "current_model_state" in checkpoint  # resuming goes on from the current weights
+    assert (tmp_path / "run" / "train.log").read_text().count("EMA weights in use") == 1
     from litforge.pipeline import evaluate
 
     overrides = [f"ckpt_path={best}", "data=image_folder", f"data.root={colour_images}"]

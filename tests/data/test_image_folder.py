@@ -198,6 +198,7 @@ def test_processes_share_out_each_epoch(tmp_path):
         ("stray_image", "images outside class folders"),
         ("mixed_layout", "holds train/ and other folders beside it \\(owl, ...\\)"),
         ("too_few", "class 'cat' has 1 training image"),
+        ("one_class", "has one class folder, .*train/cat: a classifier needs two or more"),
     ],
 )
 def test_a_folder_that_cannot_work_is_one_clear_error_before_training(tmp_path, layout, words):
@@ -216,10 +217,12 @@ def test_a_folder_that_cannot_work_is_one_clear_error_before_training(tmp_path, 
         write_image_folder(root, {"val": {"cat": 1, "zebra": 1}})
     if layout == "stray_image":
         (root / "train" / "cat" / "0000.png").rename(root / "train" / "loose.png")
+    if layout == "one_class":
+        write_image_folder(root, {"train": {"cat": 3}})
     if layout == "mixed_layout":  # a class folder beside train/
         write_image_folder(root, {".": {"owl": 1}})
     if layout == "too_few":  # 10% of one image rounds to none, 60% to one: none left
-        write_image_folder(root, {"train": {"cat": 1}})
+        write_image_folder(root, {"train": {"cat": 1, "dog": 4}})
         with pytest.raises(UserError, match=words):
             make(root, val_fraction=0.6, test_fraction=0.1).model_arguments()
         return

@@ -5,6 +5,7 @@ another model never loads it."""
 import difflib
 import logging
 import math
+import pickle
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -42,12 +43,23 @@ def check_model_name(name: str) -> None:
             raise UserError(f"model.net.model_name={name}: {err} Its weights: {tags}.") from err
 
 
+WEIGHTS_HELP = (
+    "Give a .safetensors or .pth file of the backbone's weights (docs/models.md, A local weights "
+    "file)."
+)
+
+
 def weights_file(path: str | Path) -> Path:
     path = Path(path).expanduser()
     if not path.is_file():
+        raise UserError(f"model.net.pretrained_file={path}: no such file. {WEIGHTS_HELP}")
+    with path.open("rb") as f:
+        head = f.read(9)
+    # torch.save's zip (or its older pickle), or safetensors: 8 bytes of length, then JSON.
+    if not (head[:4] == b"PK\x03\x04" or head[:1] == b"\x80" or head[8:9] == b"{"):
         raise UserError(
-            f"model.net.pretrained_file={path}: no such file. Give a .safetensors or .pth file "
-            f"of the backbone's weights (docs/models.md, A local weights file)."
+            f"model.net.pretrained_file={path} is not a weights file (neither safetensors nor "
+            f"torch.save's format). {WEIGHTS_HELP}"
         )
     return path
 
@@ -98,6 +110,12 @@ class TimmNet(nn.Module):
                     **options,
                 )
             except RuntimeError as err:  # torch's load_state_dict: shapes that do not fit
+                if isinstance(err.__cause__, pickle.UnpicklingError):  # weights_only refused it
+                    raise UserError(
+                        f"model.net.pretrained_file={path} holds Python objects besides tensors, "
+                        f"which are never unpickled here (they could run code). Save the tensors "
+                        f"alone: torch.save(model.state_dict(), path), or a .safetensors file."
+                    ) from err
                 raise UserError(
                     f"model.net.pretrained_file={path} does not fit {model_name}: {_summary(err)}"
                 ) from err

@@ -110,6 +110,12 @@ def scan(root: Path, named: str) -> dict[str, Files]:
             f"{named} holds no images: expected {root}/<class>/<image> or "
             f"{root}/train/<class>/<image> with images ending in {', '.join(IMAGE_SUFFIXES)}."
         )
+    if len(splits["train"]) == 1:
+        folder = root / "train" if "train" in folders else root
+        raise UserError(
+            f"{named} has one class folder, {folder / next(iter(splits['train']))}: a classifier "
+            f"needs two or more, one folder of images per class in {folder}."
+        )
     for split, files in splits.items():
         if unknown := sorted(set(files) - set(splits["train"])):
             raise UserError(
