@@ -8,10 +8,12 @@ import signal as signal_module
 import struct
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import lightning as L
 import numpy as np
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
@@ -618,17 +620,26 @@ def write_cnn_checkpoint(
 ) -> Path:
     """A Lightning checkpoint (as train.py's ModelCheckpoint writes it) of an untrained CNN for
     RGB images of `size`×`size`: what serving needs of a trained one, in a fraction of a second."""
+    net = {
+        "_target_": "litforge.models.cnn.CNN",
+        "channels": list(channels),
+        "kernel_size": kernel_size,
+        "hidden_size": 16,
+        "mirror_average": mirror_average,
+    }
+    return write_checkpoint(path, size, net, class_names)
+
+
+def write_checkpoint(
+    path: Path, size: int, net: dict, class_names: tuple[str, ...] = ("bird", "cat", "dog")
+) -> Path:
+    """A checkpoint, as train.py writes it, of the untrained network `net` (a config) for RGB
+    images of `size`×`size`."""
     from litforge.checkpoints import ResumeState
     from litforge.models import ClassificationModule
 
     module = ClassificationModule(
-        net={
-            "_target_": "litforge.models.cnn.CNN",
-            "channels": list(channels),
-            "kernel_size": kernel_size,
-            "hidden_size": 16,
-            "mirror_average": mirror_average,
-        },
+        net=net,
         input_shape=[3, size, size],
         num_classes=len(class_names),
         optimizer={"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-3},
@@ -649,6 +660,40 @@ def write_cnn_checkpoint(
     trainer.strategy.connect(module)
     trainer.save_checkpoint(path)
     return path
+
+
+class SlowNet(torch.nn.Module):
+    """A test network for serving (a checkpoint builds it only where a test adds it to the
+    allow-list: `TEST_NETWORKS`): the channels' means through a linear layer, each forward `seconds`
+    long; with `gate` (a port on 127.0.0.1), the first forward connects there and waits for a
+    byte, so that a test decides when it ends. `calls` counts the forwards."""
+
+    def __init__(
+        self,
+        input_shape: Sequence[int],
+        num_classes: int,
+        seconds: float = 0.0,
+        gate: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.seconds, self.gate, self.calls = seconds, gate, 0
+        self.head = torch.nn.Linear(input_shape[0], num_classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        import socket
+        import time
+
+        self.calls += 1
+        if self.gate is not None:
+            with socket.create_connection(("127.0.0.1", self.gate)) as gate:
+                gate.recv(1)
+            self.gate = None
+        time.sleep(self.seconds)  # deterministically slower than a timeout below `seconds`
+        return self.head(images.mean(dim=(2, 3)))
+
+
+# For tests to add to the networks a checkpoint may build (litforge.models.classifier.NETWORKS).
+TEST_NETWORKS = ("helpers.SlowNet",)
 
 
 def photo(seed: int, width: int = 640, height: int = 480, file_format: str = "JPEG") -> bytes:

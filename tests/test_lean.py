@@ -157,6 +157,15 @@ def test_the_core_copy_has_no_feature(core):
     assert "litforge.models.cnn.CNN" in networks and "backbones" not in networks  # a Python line
 
 
+def test_the_copy_does_not_give_the_whole_suites_time_as_its_own(core):
+    """The time the docs quote for `make test` is that of the repository with every feature:
+    true in a lean copy too only if it says so."""
+    for name in ("README.md", "docs/development.md"):
+        for line in (core.tree / name).read_text().splitlines():
+            if line.startswith("make test ") and "minutes" in line:
+                assert "with every feature" in line, f"{name}: {line}"
+
+
 def test_the_copy_imports_its_own_src(core):
     """With the copy's src/ first on the path, its litforge is imported (the installed one may
     have every feature): what the training test and CI rely on."""

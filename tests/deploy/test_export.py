@@ -111,3 +111,15 @@ def test_a_mirror_averaging_network_exports_its_averaging(tmp_path, file_format)
         model = torch.export.load(path).module()
         logits, mirrored = (model(x).detach().numpy() for x in (images, images.flip(3)))
     np.testing.assert_allclose(logits, mirrored, atol=1e-4)
+
+
+def test_pt2_export_of_a_channels_last_model_warns_of_nothing(tmp_path):
+    """torch.export.save warns about each non-contiguous weight (channels_last convolutions),
+    a warning for weights on a GPU that export.py has no use for (export_pt2)."""
+    import warnings
+
+    checkpoint = write_cnn_checkpoint(tmp_path / "cnn.ckpt", 128)  # channels_last, as trained
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        export(compose_config("export", tmp_path, [f"ckpt_path={checkpoint}", "format=pt2"]))
+    assert not [str(w.message) for w in said if "complete tensor" in str(w.message)]

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,13 +17,14 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import torch
 from helpers import (
     ROOT,
+    TEST_NETWORKS,
     compose_config,
     free_port,
     photo,
     process_group,
+    write_checkpoint,
     write_cnn_checkpoint,
 )
 
@@ -32,6 +34,8 @@ from litforge.errors import UserError
 
 LIMIT = 200_000  # server.max_body_bytes of the test server
 ANSWER_SECONDS = 30  # a photo's answer comes in well under 1 s: longer is a hung server
+# serve.py whose checkpoints may build helpers' test networks (helpers.SlowNet)
+WITH_TEST_NETWORKS = "tests/deploy/serve_with_test_networks.py"
 
 
 def post(
@@ -69,16 +73,16 @@ def multipart(field: str, filename: str, data: bytes) -> tuple[bytes, str]:
 
 
 @contextlib.contextmanager
-def running_server(log_dir, *overrides: str):
-    """serve.py with `overrides`, in its own process group (its id: the server's pid), output
-    into `log_dir`/output.txt; yields its URL, process and output file once /health says ok, and
-    stops all its processes at the end."""
+def started_server(log_dir, *overrides: str, script: str = "serve.py"):
+    """serve.py (or `script`, which runs it) with `overrides`, in its own process group (its id:
+    the server's pid), output into `log_dir`/output.txt; yields its URL, process and output file
+    at once, and stops all its processes at the end."""
     port = free_port()
     output = log_dir / "output.txt"
     process = subprocess.Popen(
         [
             sys.executable,
-            "serve.py",
+            script,
             f"server.port={port}",
             "server.accelerator=cpu",
             f"hydra.run.dir={log_dir}",
@@ -90,18 +94,8 @@ def running_server(log_dir, *overrides: str):
         text=True,
         start_new_session=True,
     )
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120  # for the model process to load
-        while get_ok(f"{url}/health") is False:
-            if time.monotonic() > deadline:
-                pytest.fail(f"serve.py did not become healthy: {output.read_text()[-3000:]}")
-            try:  # the pause between polls, ending early if the server died
-                process.wait(timeout=0.2)
-                pytest.fail(f"serve.py exited {process.returncode}: {output.read_text()[-3000:]}")
-            except subprocess.TimeoutExpired:
-                pass
-        yield url, process, output
+        yield f"http://127.0.0.1:{port}", process, output
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
@@ -112,11 +106,47 @@ def running_server(log_dir, *overrides: str):
         process.wait()
 
 
+def health_answer(url: str, process, output, skip: tuple[int, ...] = ()) -> tuple[int, bytes]:
+    """The first answer of `url`/health whose status is not in `skip`, asking until one comes;
+    fails if the server exits first or 120 s pass (for the model process to load)."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            answer = get(f"{url}/health", timeout=5)
+            if answer[0] not in skip:
+                return answer
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass  # not listening yet
+        if time.monotonic() > deadline:
+            pytest.fail(f"serve.py did not become healthy: {output.read_text()[-3000:]}")
+        try:  # the pause between polls, ending early if the server died
+            process.wait(timeout=0.2)
+            pytest.fail(f"serve.py exited {process.returncode}: {output.read_text()[-3000:]}")
+        except subprocess.TimeoutExpired:
+            pass
+
+
+@contextlib.contextmanager
+def running_server(log_dir, *overrides: str, script: str = "serve.py"):
+    """`started_server`, yielded once /health says ok."""
+    with started_server(log_dir, *overrides, script=script) as (url, process, output):
+        assert health_answer(url, process, output, skip=(503,)) == (200, b"ok")
+        yield url, process, output
+
+
 def get_ok(url: str) -> bool:
     try:
         return get(url, timeout=5) == (200, b"ok")
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return False
+
+
+@pytest.fixture
+def test_networks(monkeypatch):
+    """Checkpoints of helpers' test networks load in this process (as in WITH_TEST_NETWORKS)."""
+    from litforge.models import classifier
+
+    monkeypatch.setattr(classifier, "NETWORKS", (*classifier.NETWORKS, *TEST_NETWORKS))
 
 
 @pytest.fixture(scope="module")
@@ -239,30 +269,15 @@ def test_photos_are_answered_alone_and_concurrently(tmp_path, size):
 
 
 @pytest.mark.slow
-def test_an_inference_slower_than_the_timeout_is_504_and_the_server_keeps_serving(tmp_path):
-    checkpoint = write_cnn_checkpoint(
-        tmp_path / "big_224.ckpt", 224, channels=(96, 192, 384), kernel_size=9
-    )
-    # The server's timeout: a fifth of one inference on all of this machine's cores, as the
-    # server's one model process runs it (0.35 s on 2 idle cores). The fastest of three runs:
-    # other work on the machine only makes the server's inference slower than that.
-    model = load_classifier(checkpoint)
-    image = model.contract.prepare(photo(0))[None]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)
-    try:
-        model.logits(image)  # the first call sets up kernels
-        runs = []
-        for _ in range(3):
-            start = time.monotonic()
-            model.logits(image)
-            runs.append(time.monotonic() - start)
-    finally:
-        torch.set_num_threads(threads)
-    timeout = round(min(runs) / 5, 3)
-    assert timeout >= 0.05, f"one inference took {min(runs):.3f} s: make the network bigger"
+def test_an_inference_slower_than_the_timeout_is_504_and_the_server_keeps_serving(
+    tmp_path, test_networks
+):
+    # Every inference sleeps 2 s: slower than the timeout on any machine.
+    net = {"_target_": "helpers.SlowNet", "seconds": 2.0}
+    checkpoint = write_checkpoint(tmp_path / "slow_224.ckpt", 224, net)
+    timeout = 0.5
     overrides = [f"ckpt_path={checkpoint}", f"server.timeout={timeout}"]
-    with running_server(tmp_path, *overrides) as (url, process, _):
+    with running_server(tmp_path, *overrides, script=WITH_TEST_NETWORKS) as (url, process, _):
         status, answer = post(f"{url}/predict", photo(1), timeout=ANSWER_SECONDS)
         assert status == 504, answer
         assert f"server.timeout={timeout:g}" in answer["detail"]
@@ -272,6 +287,39 @@ def test_an_inference_slower_than_the_timeout_is_504_and_the_server_keeps_servin
         assert status == 504, answer
         assert get_ok(f"{url}/health")
         assert process.poll() is None
+
+
+@pytest.mark.slow
+def test_health_says_not_ready_until_the_model_is_loaded_and_has_run_once(tmp_path, test_networks):
+    """/health answers while the model process loads the model: 503 `not ready`; its setup
+    runs the model once (here a network whose first forward waits at a gate this test opens)
+    before /health says ok, so that the first request does not wait for that warm-up."""
+    with socket.create_server(("127.0.0.1", 0)) as gate:
+        gate.settimeout(120)  # for the model process to load and connect
+        net = {"_target_": "helpers.SlowNet", "gate": gate.getsockname()[1]}
+        checkpoint = write_checkpoint(tmp_path / "gated_224.ckpt", 224, net)
+        overrides = [f"ckpt_path={checkpoint}"]
+        with started_server(tmp_path, *overrides, script=WITH_TEST_NETWORKS) as (
+            url,
+            process,
+            output,
+        ):
+            assert health_answer(url, process, output) == (503, b"not ready")
+            waiting, _ = gate.accept()  # the model process, in its setup's first inference
+            with waiting:
+                assert get(f"{url}/health") == (503, b"not ready")
+                waiting.sendall(b"go")
+            assert health_answer(url, process, output, skip=(503,)) == (200, b"ok")
+            status, answer = post(f"{url}/predict", photo(0), timeout=ANSWER_SECONDS)
+            assert status == 200, answer
+
+
+def test_the_model_process_runs_the_model_once_in_its_setup(tmp_path, test_networks):
+    """The warm-up: LitServe reports a model process ready once its `setup` has returned."""
+    checkpoint = write_checkpoint(tmp_path / "slow_128.ckpt", 128, {"_target_": "helpers.SlowNet"})
+    api = ImageClassifierAPI(str(checkpoint), "ckpt_path", 3, max_batch_size=4, batch_timeout=0)
+    api.setup("cpu")
+    assert api.model.run.net.calls == 1
 
 
 @pytest.mark.slow

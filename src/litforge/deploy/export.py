@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,13 @@ def export_pt2(model: ImageClassifier, example: torch.Tensor, path: Path, metada
     program = torch.export.export(
         model, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},)
     )
-    torch.export.save(program, path, extra_files={METADATA_KEY: metadata})
+    with warnings.catch_warnings():
+        # torch.export.save warns "No complete tensor found in the group" for every weight that
+        # is not contiguous (the convolutions of a channels_last model) and saves its whole
+        # storage with its strides: right for weights on the CPU, where export() loads the
+        # checkpoint. (The warning came with pytorch/pytorch#164196, for weights on a GPU.)
+        warnings.filterwarnings("ignore", "No complete tensor found in the group", UserWarning)
+        torch.export.save(program, path, extra_files={METADATA_KEY: metadata})
 
 
 def compare(reference: LoadedClassifier, exported: LoadedClassifier, images: torch.Tensor):

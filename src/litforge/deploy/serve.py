@@ -4,7 +4,8 @@ batching).
 
 - `POST /predict`, the image file's bytes as the body (or a multipart form's `file` field):
   `{"label": ..., "probability": ..., "top_k": [{"label": ..., "probability": ...}, ...]}`.
-- `GET /health`: `ok` (200) once the model is loaded, `not ready` (503) before.
+- `GET /health`: `not ready` (503) while the model processes load the model and run it once,
+  then `ok` (200).
 - A body that is no image, empty, or over `server.max_body_bytes`: 400 or 413 with the reason.
 - No answer within `server.timeout` seconds of the request's arrival: 504 (`AnswerWithin`).
 - SIGTERM or Ctrl+C: every process of the server stops, requests in flight given `GRACE`.
@@ -118,6 +119,11 @@ class ImageClassifierAPI(ls.LitAPI):
         if device == "cpu":  # the model processes share the cores rather than each take all
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.workers))
         self.model = load_classifier(self.path, device=device, key=self.key)
+        # One inference before this process reports ready (/health says `not ready` until then):
+        # the first sets up the kernels, which the first request would otherwise wait for.
+        contract = self.model.contract
+        shape = (1, contract.channels, contract.size, contract.size)
+        self.model.logits(torch.zeros(shape, dtype=torch.uint8))
 
     def decode_request(self, request: Annotated[np.ndarray, Depends(image_from_request)]):
         return torch.from_numpy(request)  # prepared by `image_from_request` already
@@ -140,6 +146,18 @@ class ImageClassifierAPI(ls.LitAPI):
             "probability": best[0][1],
             "top_k": [{"label": name, "probability": p} for name, p in best],
         }
+
+
+class Server(ls.LitServer):
+    """LitServe's server, whose HTTP processes start together with the model processes rather
+    than once one of them has loaded its model: /health answers from the start, `not ready`
+    (503, LitServe's check of the model processes) until every one is ready, then `ok`.
+    Requests that come meanwhile wait in the queue (504 after `server.timeout`)."""
+
+    def verify_worker_status(self) -> None:
+        """LitServe's `run` (0.2.19) waits here for a model process to be ready, and only then
+        starts the HTTP processes: until then /health would not answer at all. A model process
+        that fails to load still stops the server: LitServe's monitor of its processes."""
 
 
 class ModelProcessSignals(ls.Callback):
@@ -294,7 +312,7 @@ def _serve(cfg: DictConfig, path: Path, key: str) -> None:
     if kind == "onnx":
         accelerator = "cpu"  # onnxruntime's CPU provider
     answers = Answers()
-    server = ls.LitServer(
+    server = Server(
         api,
         accelerator=accelerator,
         workers_per_device=server_cfg.workers,
@@ -312,8 +330,8 @@ def _serve(cfg: DictConfig, path: Path, key: str) -> None:
     server.app.state.image_input = (contract, server_cfg.max_body_bytes)
     url = f"http://{server_cfg.host}:{server_cfg.port}"
     log.info(
-        f"Serving {path} ({kind}, {classes} classes) at {url}/predict; "
-        f"{url}/health answers ok once the model is loaded. Ctrl+C stops the server."
+        f"Serving {path} ({kind}, {classes} classes) at {url}/predict; {url}/health says "
+        f"not ready until the model is loaded, then ok. Ctrl+C stops the server."
     )
     server.run(
         host=server_cfg.host,
