@@ -692,7 +692,7 @@ class SlowNet(torch.nn.Module):
         return self.head(images.mean(dim=(2, 3)))
 
 
-# For tests to add to the networks a checkpoint may build (litforge.models.classifier.NETWORKS).
+# For tests to add to the networks a checkpoint may build (litforge.models.NETWORKS).
 TEST_NETWORKS = ("helpers.SlowNet",)
 
 

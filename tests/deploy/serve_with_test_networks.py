@@ -12,9 +12,9 @@ sys.path.insert(0, str(TESTS))
 
 from helpers import TEST_NETWORKS  # noqa: E402  (from tests/)
 
-from litforge.models import classifier  # noqa: E402
+import litforge.models  # noqa: E402
 
-classifier.NETWORKS = (*classifier.NETWORKS, *TEST_NETWORKS)  # what a checkpoint may build
+litforge.models.NETWORKS = (*litforge.models.NETWORKS, *TEST_NETWORKS)  # what may be built
 
 if __name__ == "__main__":
     serve_py = TESTS.parent / "serve.py"

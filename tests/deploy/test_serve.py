@@ -23,6 +23,7 @@ from helpers import (
     compose_config,
     free_port,
     photo,
+    png_bomb,
     process_group,
     write_checkpoint,
     write_cnn_checkpoint,
@@ -144,9 +145,9 @@ def get_ok(url: str) -> bool:
 @pytest.fixture
 def test_networks(monkeypatch):
     """Checkpoints of helpers' test networks load in this process (as in WITH_TEST_NETWORKS)."""
-    from litforge.models import classifier
+    import litforge.models
 
-    monkeypatch.setattr(classifier, "NETWORKS", (*classifier.NETWORKS, *TEST_NETWORKS))
+    monkeypatch.setattr(litforge.models, "NETWORKS", (*litforge.models.NETWORKS, *TEST_NETWORKS))
 
 
 @pytest.fixture(scope="module")
@@ -191,6 +192,8 @@ def test_bad_uploads_are_4xx_with_the_reason_and_the_server_keeps_serving(server
     assert status == 400 and "not an image" in answer["detail"]
     status, answer = post(predict, b"")
     assert status == 400 and "no body" in answer["detail"]
+    status, answer = post(predict, png_bomb(10_000, 10_000))  # ~100 KB, 100 MB of pixels
+    assert status == 400 and "10000x10000 pixels, more than the 89,478,485" in answer["detail"]
     status, answer = post(predict, os.urandom(LIMIT + 1))
     assert status == 413 and f"limit is {LIMIT}" in answer["detail"]
     status, answer = post(

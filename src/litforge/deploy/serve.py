@@ -6,7 +6,8 @@ batching).
   `{"label": ..., "probability": ..., "top_k": [{"label": ..., "probability": ...}, ...]}`.
 - `GET /health`: `not ready` (503) while the model processes load the model and run it once,
   then `ok` (200).
-- A body that is no image, empty, or over `server.max_body_bytes`: 400 or 413 with the reason.
+- A body that is no image, empty, of more than `server.max_image_pixels` pixels (read from its
+  header: never decoded), or over `server.max_body_bytes`: 400 or 413 with the reason.
 - No answer within `server.timeout` seconds of the request's arrival: 504 (`AnswerWithin`).
 - SIGTERM or Ctrl+C: every process of the server stops, requests in flight given `GRACE`.
 
@@ -84,20 +85,20 @@ async def image_from_request(request: Request) -> np.ndarray:
     A numpy array: it crosses to the model process as plain bytes (a tensor would travel as a
     shared-memory handle, one per request)."""
     contract: InputContract
-    contract, limit = request.app.state.image_input
+    contract, limit, max_pixels = request.app.state.image_input
     data = await _body(request, limit)  # the limit holds for forms too, with or without a length
     if request.headers.get("content-type", "").startswith("multipart/form-data"):
         data = await _form_file(request, data)
     if not data:
         raise HTTPException(400, "the request has no body: send the image file's bytes.")
     try:  # torch work off the event loop: /health and other requests are answered meanwhile
-        return await run_in_threadpool(_prepared_array, contract, data)
+        return await run_in_threadpool(_prepared_array, contract, data, max_pixels)
     except BadImageError as err:
-        raise HTTPException(400, f"the body is not an image: {err}.") from None
+        raise HTTPException(400, f"the body is no usable image: {err}.") from None
 
 
-def _prepared_array(contract: InputContract, data: bytes) -> np.ndarray:
-    return contract.prepare(data).contiguous().numpy()
+def _prepared_array(contract: InputContract, data: bytes, max_pixels: int) -> np.ndarray:
+    return contract.prepare(data, max_pixels).contiguous().numpy()
 
 
 class ImageClassifierAPI(ls.LitAPI):
@@ -227,6 +228,7 @@ def check_settings(server: DictConfig, k: Any) -> None:
         number_problem("server.max_batch_size", server.max_batch_size, integer=True, minimum=1),
         number_problem("server.batch_timeout", server.batch_timeout),
         number_problem("server.max_body_bytes", server.max_body_bytes, integer=True, minimum=1),
+        number_problem("server.max_image_pixels", server.max_image_pixels, integer=True, minimum=1),
         number_problem("server.workers", server.workers, integer=True, minimum=1),
         number_problem("server.timeout", server.timeout, above=True),
     )
@@ -327,7 +329,11 @@ def _serve(cfg: DictConfig, path: Path, key: str) -> None:
     )
     server.response_buffer = answers  # before the HTTP processes are forked: theirs
     server.uvicorn_graceful_timeout = GRACE
-    server.app.state.image_input = (contract, server_cfg.max_body_bytes)
+    server.app.state.image_input = (
+        contract,
+        server_cfg.max_body_bytes,
+        server_cfg.max_image_pixels,
+    )
     url = f"http://{server_cfg.host}:{server_cfg.port}"
     log.info(
         f"Serving {path} ({kind}, {classes} classes) at {url}/predict; {url}/health says "

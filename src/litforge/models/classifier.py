@@ -18,9 +18,9 @@ from torchmetrics.classification import (
     MulticlassF1Score,
 )
 
+from litforge import models as registry  # read when used: a test or fork may extend it
 from litforge.callbacks import EpochStatistics
 from litforge.errors import UserError, check_number
-from litforge.models import NETWORKS, OPTIMIZERS
 
 
 def registered_name(target: object, allowed: Sequence[str]) -> str | None:
@@ -118,9 +118,9 @@ class ClassificationModule(L.LightningModule):
         backbone_lr_scale: float = 1.0,
     ) -> None:
         super().__init__()
-        net = check_buildable(net, "model.net", NETWORKS)
-        optimizer = check_buildable(optimizer, "model.optimizer", OPTIMIZERS, partial=True)
-        scheduler = check_buildable(scheduler, "model.scheduler", OPTIMIZERS, partial=True)
+        net = check_buildable(net, "model.net", registry.NETWORKS)
+        optimizer = check_buildable(optimizer, "model.optimizer", registry.OPTIMIZERS, partial=True)
+        scheduler = check_buildable(scheduler, "model.scheduler", registry.OPTIMIZERS, partial=True)
         if "lr" in optimizer:
             check_number("optimizer.lr", optimizer["lr"], above=True)
         if optimizer.get("weight_decay") is not None:
