@@ -58,15 +58,18 @@ def test_model_trains_an_epoch_on_the_gpu(tmp_path, idx_data_dir, model, precisi
     )
     assert math.isfinite(metrics["train/loss"]) and "test/acc" in metrics
     assert ("bfloat16 Automatic Mixed Precision" in output) == (precision == "bf16-mixed")
+    # trainer=gpu's TF32 matmuls and cuDNN autotuning, whatever the precision
+    assert torch.get_float32_matmul_precision() == "high" and torch.backends.cudnn.benchmark
 
 
-def test_trainer_gpu_defaults(tmp_path, idx_data_dir):
-    # bf16-mixed, TF32 matmuls set before the Trainer (so no Lightning advice), cuDNN autotuning.
-    output, _ = train_on_gpu(tmp_path, idx_data_dir, "model=cnn")
+def test_trainer_gpu_defaults_leave_lightning_nothing_to_advise(tmp_path, idx_data_dir):
+    # A process of its own: Lightning gives its matmul precision advice once per process.
+    run_dir = tmp_path / "run"
+    result = run_script("train.py", *gpu_args(idx_data_dir, run_dir, "model=cnn"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
     assert "bfloat16 Automatic Mixed Precision" in output
     assert "set_float32_matmul_precision" not in output
-    assert torch.get_float32_matmul_precision() == "high"
-    assert torch.backends.cudnn.benchmark
 
 
 def test_compiled_model_trains_on_the_gpu(tmp_path, idx_data_dir):
