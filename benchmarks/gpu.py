@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import warnings
 from pathlib import Path
 
@@ -108,6 +109,9 @@ def epoch_table(args) -> None:
 
 
 def sync_table(args) -> None:
+    if args.device != "cuda":
+        table("\n(Host-GPU syncs: counted on GPUs only)")
+        return
     model, overrides = epoch_time.WORKLOADS["default"]
     skip = 20
     limits = [f"trainer.limit_train_batches={skip + args.sync_steps + 1}"]
@@ -137,13 +141,15 @@ def whole_run(args) -> None:
         command += ["trainer.limit_val_batches=2", "trainer.limit_test_batches=2"]
     with tempfile.TemporaryDirectory() as run_dir:
         start = time.perf_counter()
-        subprocess.run(
+        result = subprocess.run(
             [sys.executable, *command, f"hydra.run.dir={run_dir}", *args.overrides],
             cwd=ROOT,
-            check=True,
             capture_output=True,
+            text=True,
         )
         seconds = time.perf_counter() - start
+        if result.returncode != 0:
+            raise RuntimeError(f"train.py failed:\n{result.stderr[-3000:]}")
         accuracy = json.loads((Path(run_dir) / "metrics.json").read_text())["test/acc"]
     table(
         "\n### A whole run, start to exit\n",
@@ -177,10 +183,17 @@ def finetune_table(args) -> None:
     )
 
 
-def timed(part, args) -> None:
+def timed(part, args) -> bool:
+    """Run one part; a part that fails is reported, and the others still run."""
     start = time.perf_counter()
-    part(args)
+    try:
+        part(args)
+    except Exception:
+        traceback.print_exc()
+        table(f"\n({part.__name__} failed: see its traceback above)")
+        return False
     print(f"\n({part.__name__} took {time.perf_counter() - start:.0f} s)", flush=True)
+    return True
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -208,12 +221,11 @@ def main(argv: list[str] | None = None) -> None:
         f"torch {torch.__version__}, lightning {L.__version__}"
         f"{', quick' if args.quick else ''}; overrides: {' '.join(args.overrides) or 'none'}"
     )
-    timed(epoch_table, args)
-    if args.device == "cuda":
-        timed(sync_table, args)
-    timed(whole_run, args)
-    timed(finetune_table, args)  # feature: backbones
+    parts = [epoch_table, sync_table, whole_run]
+    parts.append(finetune_table)  # feature: backbones
+    failed = [part.__name__ for part in parts if not timed(part, args)]
     print("\n## make bench-gpu: all tables\n\n" + "\n".join(REPORT), flush=True)
+    sys.exit(f"failed: {', '.join(failed)}" if failed else 0)
 
 
 if __name__ == "__main__":

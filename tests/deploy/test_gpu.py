@@ -5,7 +5,7 @@ import csv
 
 import pytest
 import torch
-from helpers import run_in_process, write_image_folder
+from helpers import run_in_process, small_cnn_args, write_image_folder
 
 pytestmark = [
     pytest.mark.gpu,
@@ -21,20 +21,11 @@ def test_gpu_checkpoint_exports_and_predicts_on_the_cpu(tmp_path):
     record = tmp_path / "probabilities.pt"
     result = run_in_process(
         "train.py",
-        "data=image_folder",
-        f"data.root={root}",
-        "data.num_workers=0",
-        "model=cnn",
-        "model.net.channels=[8]",
-        "model.net.hidden_size=16",
-        "model.net.pool_size=10",
+        *small_cnn_args(root),
         "trainer=gpu",
-        "trainer.max_epochs=3",
         # float32 without TF32: the CPU then computes what the GPU did, up to rounding
         "trainer.precision=32-true",
         "trainer.float32_matmul_precision=highest",
-        "logger=none",
-        "callbacks.rich_progress_bar=null",
         "+callbacks.record._target_=helpers.RecordTestProbabilities",
         f"+callbacks.record.path={record}",
         f"hydra.run.dir={tmp_path / 'train'}",
