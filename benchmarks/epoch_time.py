@@ -8,7 +8,7 @@ script's. Needs Fashion-MNIST (`make data`).
 
     python benchmarks/epoch_time.py                        # every workload, 3 rounds of 3 epochs
     python benchmarks/epoch_time.py --workloads small-step --extras
-    python benchmarks/epoch_time.py --fixed-runs 0 trainer=gpu     # on a GPU (benchmarks/gpu.py)
+    python benchmarks/epoch_time.py --fixed-runs 0 trainer=gpu trainer.accelerator=gpu  # a GPU
 
 Workloads (the network is trained on Fashion-MNIST, Adam-type optimizer, batch norm):
 - `small-step`: MLP 784-64-128-64-10, no dropout, batch 128: 430 cheap steps an epoch, where the
