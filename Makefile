@@ -5,7 +5,7 @@ DATASET ?= fashion_mnist
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install lock data train test test-fast lint bench bench-data bench-inference bench-pipeline bench-ps bench-recovery lean clean
+.PHONY: help install lock data train test test-fast test-gpu lint bench bench-gpu bench-data bench-inference bench-pipeline bench-ps bench-recovery lean clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -32,11 +32,17 @@ test: .installed  ## the whole test suite (real-data tests skip, saying why, wit
 test-fast: .installed  ## the tests not marked slow
 	$(PYTHON) -m pytest -m "not slow"
 
+test-gpu: .installed  ## the tests marked gpu, in one process (each skips, saying why, without CUDA)
+	$(PYTHON) -m pytest -m gpu -n 0
+
 lint: .installed  ## ruff and file hygiene through pre-commit
 	pre-commit run --all-files
 
 bench: data  ## s/epoch on 3 workloads and the fixed cost: the template against plain PyTorch
 	$(PYTHON) benchmarks/epoch_time.py
+
+bench-gpu: data  ## on a GPU (else a short CPU run): epochs, host syncs, a whole run, fine-tuning
+	$(PYTHON) benchmarks/gpu.py $(ARGS)
 
 bench-data: data  ## images per second from image files to batches: torchvision vs the datamodules
 	$(PYTHON) benchmarks/data_loading.py

@@ -1,12 +1,14 @@
 """Seconds per epoch: the template (`Trainer.fit` through litforge's pipeline) against bare
-Lightning (a minimal LightningModule with automatic optimization, a Trainer with no logger,
-checkpoints, progress bar or summary, on the template's own datamodule) and against a minimal
-hand-written PyTorch loop, in one process, on the same data, network, batch size, device and
-thread count; and the fixed cost of a run (start-up and teardown) against a plain script's.
-Needs Fashion-MNIST (`make data`).
+Lightning (a LightningModule as Lightning's docs write it: `self.log` of the training loss in
+`training_step`, of the accuracy in `validation_step`, automatic optimization; a Trainer with no
+logger, checkpoints, progress bar or summary, on the template's own datamodule) and against a
+minimal hand-written PyTorch loop, in one process, on the same data, network, batch size, device,
+precision and thread count; and the fixed cost of a run (start-up and teardown) against a plain
+script's. Needs Fashion-MNIST (`make data`).
 
     python benchmarks/epoch_time.py                        # every workload, 3 rounds of 3 epochs
     python benchmarks/epoch_time.py --workloads small-step --extras
+    python benchmarks/epoch_time.py --fixed-runs 0 trainer=gpu trainer.accelerator=gpu  # a GPU
 
 Workloads (the network is trained on Fashion-MNIST, Adam-type optimizer, batch norm):
 - `small-step`: MLP 784-64-128-64-10, no dropout, batch 128: 430 cheap steps an epoch, where the
@@ -46,15 +48,31 @@ from litforge.pipeline import build_datamodule, build_model, build_trainer, fit
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def synchronize() -> None:
+    """Wait for the GPU's queued work (a GPU runs behind the Python that queues it)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 class EpochTimer(L.Callback):
     def __init__(self) -> None:
         self.times: list[float] = []
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
+        synchronize()
         self.start = time.perf_counter()
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:  # after validation + checkpoint
+        synchronize()
         self.times.append(time.perf_counter() - self.start)
+
+
+def apply_gpu_settings(cfg) -> None:
+    """What `build_trainer` sets for the template, set for the other setups too: the matmul
+    precision and cuDNN autotuning (`trainer=gpu` turns both on)."""
+    if cfg.trainer.get("float32_matmul_precision"):
+        torch.set_float32_matmul_precision(cfg.trainer.float32_matmul_precision)
+    torch.backends.cudnn.benchmark = bool(cfg.trainer.benchmark)
 
 
 def config(model: str, epochs: int, output_dir: str, overrides: list[str]):
@@ -73,7 +91,9 @@ def config(model: str, epochs: int, output_dir: str, overrides: list[str]):
         )
 
 
-def template_epochs(model: str, epochs: int, overrides: list[str]) -> list[float]:
+def template_epochs(
+    model: str, epochs: int, overrides: list[str], callbacks: list[L.Callback] = ()
+) -> list[float]:
     with tempfile.TemporaryDirectory() as output_dir:
         cfg = config(model, epochs + 1, output_dir, overrides)
         L.seed_everything(0, verbose=False)
@@ -81,13 +101,14 @@ def template_epochs(model: str, epochs: int, overrides: list[str]) -> list[float
         net = build_model(cfg, datamodule)
         trainer = build_trainer(cfg)
         timer = EpochTimer()
-        trainer.callbacks.append(timer)
+        trainer.callbacks.extend([timer, *callbacks])
         fit(trainer, net, datamodule)  # as `python train.py` does
     return timer.times[1:]
 
 
 class BareModule(L.LightningModule):
-    """What a Lightning user writes first: the step, a validation accuracy, the optimizer."""
+    """What a Lightning user writes first, as Lightning's docs write it: the step logging its
+    loss, a validation accuracy, the optimizer."""
 
     def __init__(self, net: torch.nn.Module, optimizer) -> None:
         super().__init__()
@@ -95,7 +116,9 @@ class BareModule(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         x, y = batch
-        return F.cross_entropy(self.net(x), y)
+        loss = F.cross_entropy(self.net(x), y)
+        self.log("train/loss", loss)
+        return loss
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
@@ -105,10 +128,13 @@ class BareModule(L.LightningModule):
         return self.make_optimizer(params=self.parameters())
 
 
-def bare_lightning_epochs(model: str, epochs: int, overrides: list[str]) -> list[float]:
+def bare_lightning_epochs(
+    model: str, epochs: int, overrides: list[str], callbacks: list[L.Callback] = ()
+) -> list[float]:
     """The floor a Lightning user picks: a minimal module and Trainer on the same data."""
     with tempfile.TemporaryDirectory() as output_dir:
         cfg = config(model, epochs + 1, output_dir, overrides)
+        apply_gpu_settings(cfg)
         L.seed_everything(0, verbose=False)
         datamodule = build_datamodule(cfg)
         shape = datamodule.model_arguments()["input_shape"]
@@ -119,13 +145,17 @@ def bare_lightning_epochs(model: str, epochs: int, overrides: list[str]) -> list
         timer = EpochTimer()
         trainer = L.Trainer(
             max_epochs=epochs + 1,
-            accelerator="cpu",
+            accelerator=cfg.trainer.accelerator,
+            precision=cfg.trainer.precision,
+            benchmark=cfg.trainer.benchmark,
+            limit_train_batches=cfg.trainer.limit_train_batches,
+            limit_val_batches=cfg.trainer.limit_val_batches,
             logger=False,
             enable_checkpointing=False,
             enable_progress_bar=False,
             enable_model_summary=False,
             num_sanity_val_steps=0,
-            callbacks=[timer],
+            callbacks=[timer, *callbacks],
             default_root_dir=output_dir,
         )
         trainer.fit(module, datamodule=datamodule)
@@ -133,9 +163,16 @@ def bare_lightning_epochs(model: str, epochs: int, overrides: list[str]) -> list
 
 
 def handwritten_epochs(model: str, epochs: int, overrides: list[str]) -> list[float]:
-    """The floor: a plain loop over pre-normalized tensors, no framework."""
+    """The floor: a plain loop over pre-normalized tensors on the device, no framework; under
+    `trainer.precision=bf16-mixed` in `torch.autocast` as Lightning runs it."""
     with tempfile.TemporaryDirectory() as output_dir:
         cfg = config(model, epochs + 1, output_dir, overrides)
+    apply_gpu_settings(cfg)
+    on_gpu = cfg.trainer.accelerator in ("gpu", "cuda") or (
+        cfg.trainer.accelerator == "auto" and torch.cuda.is_available()
+    )
+    device = torch.device("cuda" if on_gpu else "cpu")
+    bf16 = cfg.trainer.precision == "bf16-mixed"
     datamodule = build_datamodule(cfg)
     datamodule.prepare_data()
     datamodule.setup("fit")
@@ -143,28 +180,34 @@ def handwritten_epochs(model: str, epochs: int, overrides: list[str]) -> list[fl
     x_val, y_val = datamodule.splits["val"]
     mean, std = torch.tensor(datamodule.mean), torch.tensor(datamodule.std)
     x_train, x_val = normalize(x_train, mean, std), normalize(x_val, mean, std)
+    x_train, y_train, x_val, y_val = (t.to(device) for t in (x_train, y_train, x_val, y_val))
     torch.manual_seed(0)
     net = instantiate(cfg.model.net, input_shape=datamodule.input_shape, num_classes=10)
+    net = net.to(device)
     if cfg.model.get("channels_last"):
         net = net.to(memory_format=torch.channels_last)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
     optimizer = instantiate(cfg.model.optimizer)(params=net.parameters())
     batch = cfg.data.batch_size
     times = []
     for _ in range(epochs + 1):
+        synchronize()
         start = time.perf_counter()
         net.train()
-        order = torch.randperm(len(y_train))
+        order = torch.randperm(len(y_train), device=device)
         for i in range(0, len(order), batch):
             index = order[i : i + batch]
-            loss = F.cross_entropy(net(x_train[index]), y_train[index])
+            with autocast:
+                loss = F.cross_entropy(net(x_train[index]), y_train[index])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
         net.eval()
         correct = 0
-        with torch.no_grad():
+        with torch.no_grad(), autocast:
             for i in range(0, len(y_val), batch):
                 correct += (net(x_val[i : i + batch]).argmax(1) == y_val[i : i + batch]).sum()
+        correct = int(correct)  # the epoch's result, as a user prints it
         times.append(time.perf_counter() - start)
     return times[1:]
 

@@ -453,6 +453,23 @@ def write_image_folder(
     return root
 
 
+def small_cnn_args(images: Path) -> list[str]:
+    """Overrides that train a small CNN for 3 epochs on a `write_image_folder` folder of 20×24
+    band images (fitted to 20×20) until it knows the classes, without logger or progress bar."""
+    return [
+        "data=image_folder",
+        f"data.root={images}",
+        "data.num_workers=0",
+        "model=cnn",
+        "model.net.channels=[8]",
+        "model.net.hidden_size=16",
+        "model.net.pool_size=10",  # the whole map: a band's row is its class
+        "trainer.max_epochs=3",
+        "logger=none",
+        "callbacks.rich_progress_bar=null",
+    ]
+
+
 def final_state(run: Path):
     """A finished run's last step, weights (last.ckpt) and final metrics (metrics.json)."""
     import json

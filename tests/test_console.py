@@ -4,13 +4,9 @@ a run stopped by a mistake in its input leaves behind (no empty run folder)."""
 
 import json
 import re
-import warnings
 
 import pytest
 from helpers import go_offline, run_in_process, run_script, write_idx_dataset
-from lightning.fabric.utilities.warnings import PossibleUserWarning
-
-from litforge.console import quiet_lightning
 
 ARGS = [
     "data=mnist",
@@ -94,24 +90,6 @@ def test_no_warning_about_epochs_shorter_than_the_logging_interval(console_run):
     output, _ = console_run
     assert "log_every_n_steps" not in output
     assert "LeafSpec" not in output  # (Lightning 2.6.6 on torch >= 2.10: its own deprecation)
-
-
-def test_no_sync_dist_advice_for_the_values_synced_already():
-    # Lightning's advice under DDP for each value logged once an epoch: TorchMetrics and
-    # EpochStatistics compute ours over all processes (test_strategies' DDP run checks it too).
-    with warnings.catch_warnings(record=True) as said:
-        warnings.simplefilter("always")
-        quiet_lightning()
-        for name in ("train/loss", "val/acc", "test/f1", "my_value"):
-            warnings.warn(
-                f"It is recommended to use `self.log({name!r}, ..., sync_dist=True)` when logging "
-                "on epoch level in distributed setting to accumulate the metric across devices.",
-                PossibleUserWarning,
-                stacklevel=1,
-            )
-    assert [str(w.message).split("`")[1] for w in said] == [
-        "self.log('my_value', ..., sync_dist=True)"
-    ]
 
 
 @pytest.mark.slow  # (console_run: a subprocess)

@@ -197,9 +197,9 @@ class EpochStatistics(L.Callback):
         if not self.names:
             return
         *sums, count = self._total(trainer)
-        if count > 0:
+        if count > 0:  # sync_dist: as in ClassificationModule (equal on every process already)
             for name, total in zip(self.names, sums, strict=True):
-                pl_module.log(f"{self.prefix}{name}", total / count, prog_bar=True)
+                pl_module.log(f"{self.prefix}{name}", total / count, prog_bar=True, sync_dist=True)
 
     def running(self) -> dict[str, float]:
         """This epoch's averages so far on this process (what the progress bar shows)."""

@@ -41,6 +41,7 @@ def check_config(cfg: DictConfig, needs_checkpoint: bool = False) -> None:
             "logs/train/runs/<run>/checkpoints/last.ckpt"
         )
     check_strategy(cfg)
+    check_precision(cfg)
 
 
 def accelerator_is_cpu(accelerator: str) -> bool:
@@ -67,4 +68,23 @@ def check_strategy(cfg: DictConfig) -> None:
         raise UserError(
             f"trainer.devices={devices}, but this machine has {torch.cuda.device_count()} GPU(s). "
             "Use fewer devices, or trainer.accelerator=cpu."
+        )
+
+
+def check_precision(cfg: DictConfig) -> None:
+    """A matmul precision torch does not know; bfloat16 on a GPU without bfloat16 units."""
+    trainer = cfg.trainer
+    matmul = trainer.get("float32_matmul_precision")
+    if matmul is not None and matmul not in ("highest", "high", "medium"):
+        raise UserError(
+            f"trainer.float32_matmul_precision={matmul} is not one of: highest, high, medium, null."
+        )
+    bf16 = str(trainer.get("precision")).startswith("bf16")
+    on_gpu = not accelerator_is_cpu(str(trainer.accelerator)) and torch.cuda.is_available()
+    # (Without `including_emulation=False`, torch says yes to any GPU: it would emulate, slowly.)
+    if bf16 and on_gpu and not torch.cuda.is_bf16_supported(including_emulation=False):
+        raise UserError(
+            f"trainer.precision={trainer.precision}, but this GPU "
+            f"({torch.cuda.get_device_name()}) has no bfloat16 units (GPUs before Ampere): set "
+            f"trainer.precision=16-mixed, or 32-true."
         )

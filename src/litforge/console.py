@@ -20,8 +20,6 @@ QUIET_WARNINGS = (
     (r"The number of training batches \(\d+\) is smaller than the logging interval", UserWarning),
     # Lightning 2.6.6 with torch >= 2.10: a deprecation inside Lightning, not in user code.
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
-    # DDP: values computed over all processes already (TorchMetrics, callbacks.EpochStatistics).
-    (r"It is recommended to use `self\.log\('(train|val|test)/", UserWarning),
 )
 
 

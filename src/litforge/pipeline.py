@@ -3,6 +3,7 @@ checks → datamodule → model (`datamodule.model_arguments()`) → Trainer (wh
 fit and test the best checkpoint, or test the module a checkpoint names → `metrics.json`."""
 
 import contextlib
+import copy
 import gc
 import json
 import logging
@@ -20,7 +21,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from litforge import checkpoints, resume
 from litforge.checks import accelerator_is_cpu, check_config
@@ -134,8 +135,13 @@ def build_trainer(cfg: DictConfig) -> L.Trainer:
         log.info("logger=none: the learning-rate monitor has nowhere to log, leaving it out.")
         callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
     strategy = instantiate(cfg.strategy) if "_target_" in cfg.strategy else cfg.strategy.name
+    settings = copy.copy(cfg.trainer)  # the Trainer's arguments: all but the matmul precision
+    with open_dict(settings):
+        matmul_precision = settings.pop("float32_matmul_precision", None)
+    if matmul_precision is not None:  # before Lightning checks it (its "Tensor Cores" advice)
+        torch.set_float32_matmul_precision(matmul_precision)
     return instantiate(
-        cfg.trainer,
+        settings,
         strategy=strategy,
         callbacks=callbacks,
         logger=loggers or False,

@@ -13,7 +13,7 @@ def trained_images(tmp_path_factory):
     from types import SimpleNamespace
 
     import torch
-    from helpers import compose_config, write_image_folder
+    from helpers import compose_config, small_cnn_args, write_image_folder
 
     from litforge.pipeline import train
 
@@ -22,17 +22,8 @@ def trained_images(tmp_path_factory):
     root = write_image_folder(tmp / "images", {"train": counts, "test": dict.fromkeys(counts, 8)})
     record = tmp / "probabilities.pt"
     overrides = [
-        "data=image_folder",
-        f"data.root={root}",
-        "data.num_workers=0",
-        "model=cnn",
-        "model.net.channels=[8]",
-        "model.net.hidden_size=16",
-        "model.net.pool_size=10",  # the whole map: a band's row is its class
-        "trainer.max_epochs=3",
+        *small_cnn_args(root),
         "trainer.accelerator=cpu",  # the probabilities are compared with CPU runs
-        "logger=none",
-        "callbacks.rich_progress_bar=null",
         "+callbacks.record._target_=helpers.RecordTestProbabilities",
         f"+callbacks.record.path={record}",
     ]

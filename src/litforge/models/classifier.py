@@ -225,7 +225,9 @@ class ClassificationModule(L.LightningModule):
         values = {**metrics.compute(), f"{prefix}/loss": loss.compute()}
         metrics.reset()
         loss.reset()
-        self.log_dict(values, prog_bar=True)
+        # sync_dist: the mean over processes of these equal values, as Lightning asks of values
+        # logged once an epoch under DDP (one small all-reduce each, once an epoch).
+        self.log_dict(values, prog_bar=True, sync_dist=True)
         return values
 
     def on_validation_epoch_end(self) -> None:
@@ -233,7 +235,7 @@ class ClassificationModule(L.LightningModule):
         # Not the sanity check's untrained weights. Never reset: a resumed run keeps its best.
         if not self.trainer.sanity_checking:
             self.val_acc_best.update(values["val/acc"])
-            self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True)
+            self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True, sync_dist=True)
 
     def on_test_epoch_end(self) -> None:
         self._log_evaluation(self.test_metrics, self.test_loss, "test")
