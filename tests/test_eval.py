@@ -77,6 +77,7 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path, ckpt, message):
         ("litforge.data.mnist.MNISTDataModule", "which litforge.models.MODULES does not list"),
         # Starts like a module of ours, and resolves through its imports to Lightning's class.
         ("litforge.models.classifier.L.LightningModule", "litforge.models.MODULES does not list"),
+        (["litforge.models.classifier.ClassificationModule"], "MODULES does not list"),
     ],
 )
 def test_only_this_packages_modules_are_rebuilt(tmp_path, one_epoch_run, module_class, message):

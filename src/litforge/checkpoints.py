@@ -180,12 +180,14 @@ def check_registered(checkpoint: dict[str, Any], where: str) -> None:
     from litforge.models.classifier import check_buildable
 
     name = checkpoint.get("module_class")
-    if name is not None and name not in _module_names(MODULES):
+    if name is not None and (not isinstance(name, str) or name not in _module_names(MODULES)):
         raise UserError(
             f"{where} names the LightningModule {name}, which litforge.models.MODULES does not "
             f"list: not loading it. {FIX}"
         )
     hp = checkpoint.get("hyper_parameters") or {}
+    if not isinstance(hp, dict):
+        raise UserError(f"{where} holds hyper_parameters that are no dict of settings. {FIX}")
     try:
         if hp.get("net") is not None:
             net = check_buildable(hp["net"], "model.net", NETWORKS)
