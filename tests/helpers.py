@@ -898,11 +898,21 @@ CRAFTED = {  # (hyper-parameter, value): what a crafted checkpoint asks to build
         {"_target_": "torch.optim.SGD", "_partial_": True, "_args_": ["{d}"]},
     ),
     "weights named in a checkpoint": ("net", {"pretrained_file": "{d}/weights.safetensors"}),
+    # Settings that are values, not configs: Hydra would build what they hold if passed on.
+    "torch.load in input_shape": (
+        "input_shape",
+        [{"_target_": "torch.load", "f": "{p}", "weights_only": False}, 28, 28],
+    ),
+    "open in mean": ("mean", [{"_target_": "builtins.open", "file": "{d}/opened", "mode": "w"}]),
+    "a setting no module takes": ("on_load", {"_target_": "os.mkdir", "path": "{d}/made"}),
 }
 
 
 # What the refusals say.
-REFUSED = r"is not allowed|has a _target_ of its own|interpolation|has _args_|names no weights"
+REFUSED = (
+    r"is not allowed|has a _target_ of its own|interpolation|has _args_|names no weights"
+    r"|is no \(channels, height, width\)|is no list of numbers|settings no registered module"
+)
 
 
 def crafted_checkpoint(checkpoint_path: Path, craft: str, tmp_path: Path) -> tuple[Path, Path]:
@@ -925,7 +935,9 @@ def crafted_checkpoint(checkpoint_path: Path, craft: str, tmp_path: Path) -> tup
     checkpoint = torch.load(checkpoint_path, weights_only=True)
     key, value = CRAFTED[craft]
     crafted = json.loads(json.dumps(value).replace("{d}", str(made)).replace("{p}", str(payload)))
-    checkpoint["hyper_parameters"][key] = {**(checkpoint["hyper_parameters"][key] or {}), **crafted}
+    old = checkpoint["hyper_parameters"].get(key)
+    merged = isinstance(old, dict) and isinstance(crafted, dict)
+    checkpoint["hyper_parameters"][key] = {**old, **crafted} if merged else crafted
     path = tmp_path / "crafted.ckpt"
     torch.save(checkpoint, path)
     return path, made

@@ -172,6 +172,7 @@ def test_several_cpu_processes_and_no_epoch_limit_are_said(
     caplog.set_level("INFO")
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
     overrides = ["strategy=ddp", "trainer.devices=4", f"trainer.accelerator={accelerator}"]
     describe_run(compose_config("train", tmp_path, [*overrides, "trainer.max_epochs=-1"]))
     found = ", no GPU found" if accelerator == "auto" else ""

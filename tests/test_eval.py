@@ -103,20 +103,8 @@ def test_a_checkpoint_without_its_class_loads_with_the_model_config(tmp_path, on
     assert "test/acc" in evaluate(compose_config("eval", tmp_path / "e", overrides))
 
 
-ENTRIES = ["eval.py", "load_from_checkpoint", "train=false", "resume"]
-
-
-# Not weights named by load_from_checkpoint's checkpoint: the module takes `pretrained_file` from
-# a training config too (a network reads the file's tensors; timm's loader only tensors).
-@pytest.mark.parametrize(
-    ("craft", "entry"),
-    [
-        (craft, entry)
-        for craft in CRAFTED
-        for entry in ENTRIES
-        if (craft, entry) != ("weights named in a checkpoint", "load_from_checkpoint")
-    ],
-)
+@pytest.mark.parametrize("entry", ["eval.py", "load_from_checkpoint", "train=false", "resume"])
+@pytest.mark.parametrize("craft", CRAFTED)
 def test_a_checkpoint_builds_only_listed_networks(tmp_path, one_epoch_run, craft, entry):
     """A checkpoint is data: what its configs name is checked against litforge.models'
     lists before anything is called (here: nothing made in `made/`), on every path that reads

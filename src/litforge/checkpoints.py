@@ -175,9 +175,13 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
 
 def check_registered(checkpoint: dict[str, Any], where: str) -> None:
     """A UserError unless every class the checkpoint names is registered in `litforge.models`,
-    matched exactly: checked on reading, before anything is built or any module imported."""
-    from litforge.models import MODULES, NETWORKS, OPTIMIZERS
-    from litforge.models.classifier import check_buildable
+    matched exactly, and its other settings are plain values of the right kinds: checked on
+    reading, before anything is built or any module imported."""
+    import inspect
+
+    from litforge.data.images import INTERPOLATIONS
+    from litforge.models import MODULES, NETWORKS, OPTIMIZERS, SCHEDULERS
+    from litforge.models.classifier import check_buildable, check_settings
 
     name = checkpoint.get("module_class")
     if name is not None and (not isinstance(name, str) or name not in _module_names(MODULES)):
@@ -186,9 +190,16 @@ def check_registered(checkpoint: dict[str, Any], where: str) -> None:
             f"list: not loading it. {FIX}"
         )
     hp = checkpoint.get("hyper_parameters") or {}
-    if not isinstance(hp, dict):
-        raise UserError(f"{where} holds hyper_parameters that are no dict of settings. {FIX}")
+    data = checkpoint.get("datamodule_hyper_parameters") or {}
+    if not isinstance(hp, dict) or not isinstance(data, dict):
+        raise UserError(f"{where} holds hyper-parameters that are no dict of settings. {FIX}")
+    accepted = {p for m in MODULES for p in inspect.signature(m.__init__).parameters} - {"self"}
+    if unknown := [k for k in hp if k not in accepted]:
+        raise UserError(f"{where} holds settings no registered module takes: {unknown}. {FIX}")
     try:
+        if "input_shape" in hp:  # what eval.py also fills data settings with
+            settings = ("num_classes", "class_names", "class_weights", "mean", "std")
+            check_settings(hp["input_shape"], *(hp.get(k) for k in settings))
         if hp.get("net") is not None:
             net = check_buildable(hp["net"], "model.net", NETWORKS)
             if pretrained := [k for k in net if k.startswith("pretrained")]:
@@ -196,11 +207,18 @@ def check_registered(checkpoint: dict[str, Any], where: str) -> None:
                     f"model.net has {', '.join(pretrained)}: a checkpoint holds its weights, "
                     f"and names no weights to fetch or read."
                 )
-        for key in ("optimizer", "scheduler"):
-            if hp.get(key) is not None:
-                check_buildable(hp[key], f"model.{key}", OPTIMIZERS, partial=True)
+        if hp.get("optimizer") is not None:
+            check_buildable(hp["optimizer"], "model.optimizer", OPTIMIZERS, partial=True)
+        if hp.get("scheduler") is not None:
+            check_buildable(hp["scheduler"], "model.scheduler", SCHEDULERS, partial=True)
     except UserError as err:
         raise UserError(f"{where}: {err}") from None
+    if data.get("interpolation") not in (None, *INTERPOLATIONS):
+        raise UserError(
+            f"{where}: data.interpolation={data['interpolation']!r} is none of {INTERPOLATIONS}."
+        )
+    if not isinstance(data.get("name", ""), str):
+        raise UserError(f"{where}: its dataset name {data['name']!r} is no name. {FIX}")
 
 
 def _module_names(modules) -> dict[str, type]:

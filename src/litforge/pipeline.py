@@ -57,7 +57,9 @@ def start(cfg: DictConfig) -> None:
 
 def describe_run(cfg: DictConfig) -> None:
     """What the config leaves implicit: several processes on CPUs, no epoch limit."""
-    trainer, cores = cfg.trainer, os.cpu_count() or 1
+    trainer = cfg.trainer
+    # The cores this process may use (a container's or job's share), where the system says.
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     devices = trainer.get("devices")
     if accelerator_is_cpu(str(trainer.accelerator)) and isinstance(devices, int) and devices > 1:
         found = ", no GPU found" if trainer.accelerator == "auto" else ""

@@ -68,6 +68,9 @@ def test_a_missing_weights_file_is_one_clear_error(tmp_path):
     text.write_text("not weights at all\n")
     with pytest.raises(UserError, match=r"notes\.pth is not a weights file \(neither safetensors"):
         TimmNet((3, 32, 32), 2, MODEL, pretrained_file=str(text))
+    for reading in ("checkpoint_path", "pretrained_cfg_overlay"):  # only pretrained_file reads
+        with pytest.raises(UserError, match=f"model.net.{reading}: TimmNet reads weights only"):
+            TimmNet((3, 32, 32), 2, MODEL, **{reading: str(text)})
     pickled = tmp_path / "pickled.pth"  # a whole module, not its tensors: weights_only refuses it
     torch.save({"model": torch.nn.Linear(2, 2)}, pickled)
     with pytest.raises(UserError, match=r"pickled\.pth holds Python objects besides tensors"):

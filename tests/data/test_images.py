@@ -63,7 +63,8 @@ def test_gifs_decode_to_the_channels_asked_for_and_their_first_frame():
 
 def test_broken_bytes_are_a_bad_image():
     png = encoded(RGB, "PNG")
-    for data in (b"not an image at all", png[: len(png) // 2]):
+    # The last: a PNG cut off inside its header (which the pixel count reads).
+    for data in (b"not an image at all", png[: len(png) // 2], png[:20]):
         with pytest.raises(BadImageError):
             decode(data, 3)
 
@@ -100,6 +101,32 @@ def test_an_image_of_too_many_pixels_is_refused_before_decoding(
     limit = {} if max_pixels is None else {"max_pixels": max_pixels}
     with pytest.raises(BadImageError, match=re.escape(message)):
         decode(data, 3, **limit)
+
+
+def test_an_animated_gif_decodes_its_first_frame_alone(monkeypatch):
+    """torchvision would decode every frame: 100 frames of a few KB unpack into 100 images."""
+    frames = [Image.fromarray(np.full((12, 16, 3), 2 * i, np.uint8)) for i in range(100)]
+    out = io.BytesIO()
+    frames[0].save(out, format="GIF", save_all=True, append_images=frames[1:])
+
+    def no_decoding():
+        raise AssertionError("torchvision decoded the GIF")
+
+    monkeypatch.setattr("litforge.data.images._torchvision_decoder", no_decoding)
+    assert decode(out.getvalue(), 3).shape == (3, 12, 16)
+
+
+def test_a_limit_above_pillows_own_is_honoured(monkeypatch):
+    """Pillow refuses to open twice its limit (178,956,970 pixels): a higher setting raises it."""
+    from litforge.data import images
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", Image.MAX_IMAGE_PIXELS)  # put back after
+    images._pillow_allows.cache_clear()
+    header = bmp_header(14_000, 14_000)  # 196 million pixels
+    with pytest.raises(BadImageError, match="14000x14000 pixels, more than the 150,000,000"):
+        images.check_pixel_count(header, 150_000_000)
+    images.check_pixel_count(header, 200_000_000)  # allowed: nothing raised
+    images._pillow_allows.cache_clear()
 
 
 def test_fit_resizes_the_shorter_side_and_keeps_the_center():

@@ -34,5 +34,5 @@ def test_new_images_are_resized_with_the_interpolation_training_used(tmp_path):
 
     checkpoint["datamodule_hyper_parameters"] = {"interpolation": "lanczos"}
     torch.save(checkpoint, path)
-    with pytest.raises(UserError, match="interpolation 'lanczos' is none of"):
+    with pytest.raises(UserError, match="interpolation='lanczos' is none of"):
         load_classifier(path)

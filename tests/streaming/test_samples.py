@@ -26,6 +26,8 @@ def test_broken_bytes_are_a_bad_image():
         with pytest.raises(BadImageError):
             check_decodes(data)
     check_decodes(png)  # a good one passes
+    with pytest.raises(BadImageError, match="16x12 pixels, more than the 100 that"):
+        check_decodes(png, max_pixels=100)  # optimize --max-image-pixels 100
 
 
 def test_shard_sample_keeps_the_bytes_and_reports_bad_files(tmp_path):

@@ -17,6 +17,9 @@ from torch import nn
 from litforge.errors import UserError
 
 log = logging.getLogger(__name__)
+# timm.create_model's arguments that read a file or fetch one: a checkpoint, which is data, holds
+# the network's settings, so it must not name them.
+READS_FILES = {"checkpoint_path", "pretrained_cfg", "pretrained_cfg_overlay", "cache_dir"}
 OFFLINE_HINT = "set model.net.pretrained_file=PATH to a local .safetensors/.pth file"
 
 
@@ -94,6 +97,11 @@ class TimmNet(nn.Module):
         **kwargs: Any,
     ) -> None:
         super().__init__()
+        if reading := sorted(READS_FILES & set(kwargs)):
+            raise UserError(
+                f"model.net.{reading[0]}: TimmNet reads weights only from pretrained_file (or "
+                f"pretrained=true); a checkpoint holds them after training."
+            )
         timm = _timm()
         check_model_name(model_name)
         # Only when set: some architectures take no drop_path_rate, and 0 is their default anyway.

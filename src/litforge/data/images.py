@@ -46,8 +46,10 @@ def decode(data: bytes, channels: int | None, max_pixels: int = MAX_IMAGE_PIXELS
     if not data:
         raise BadImageError("an empty file (0 bytes)")
     check_pixel_count(data, max_pixels)
-    decoder = _torchvision_decoder()
     try:
+        if data[:4] == b"GIF8":  # torchvision decodes every frame (a small file, many pixels)
+            raise RuntimeError("Pillow decodes the first frame alone")
+        decoder = _torchvision_decoder()
         if decoder is None:
             raise RuntimeError("torchvision has no image decoders")
         decode_image, modes = decoder
@@ -68,11 +70,11 @@ def decode(data: bytes, channels: int | None, max_pixels: int = MAX_IMAGE_PIXELS
     return image
 
 
-def image_size(data: bytes) -> tuple[int, int] | None:
+def header_size(data: bytes) -> tuple[int, int] | None:
     """(width, height) from the file's header, nothing decoded; None for a format Pillow does not
     know (torchvision may). PNG's is read directly: ~1 us against Pillow's ~12."""
-    if data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR":  # always the first chunk
-        return struct.unpack(">II", data[16:24])
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR" and len(data) >= 24:
+        return struct.unpack(">II", data[16:24])  # IHDR is always the first chunk
     from PIL import Image
 
     try:
@@ -87,11 +89,23 @@ def image_size(data: bytes) -> tuple[int, int] | None:
 
 
 def check_pixel_count(data: bytes, max_pixels: int) -> None:
-    if (size := image_size(data)) and size[0] * size[1] > max_pixels:
+    """BadImageError when the file's header announces more than `max_pixels` pixels."""
+    _pillow_allows(max_pixels)
+    if (size := header_size(data)) and size[0] * size[1] > max_pixels:
         raise BadImageError(
             f"{size[0]}x{size[1]} pixels, more than the {max_pixels:,} that max_image_pixels "
             f"allows: not decoded"
         )
+
+
+@functools.cache
+def _pillow_allows(max_pixels: int) -> None:
+    """Pillow refuses to open images of twice its own limit (`Image.MAX_IMAGE_PIXELS`): a higher
+    `max_pixels` raises that limit too (it is checked first, here)."""
+    from PIL import Image
+
+    if Image.MAX_IMAGE_PIXELS is not None and max_pixels > Image.MAX_IMAGE_PIXELS:
+        Image.MAX_IMAGE_PIXELS = max_pixels
 
 
 def _decode_with_pil(data: bytes, channels: int | None) -> torch.Tensor:

@@ -6,8 +6,8 @@ A name matches exactly: the name listed, or where that class is defined
 (`torch.optim.adamw.AdamW` is `torch.optim.AdamW`), never a name that merely starts like one.
 
 - `NETWORKS`: what `model.net._target_` may name. **Add your own network here.**
-- `OPTIMIZERS`: what `model.optimizer._target_` and `model.scheduler._target_` may name: every
-  optimizer and learning-rate scheduler class of `torch.optim`. Add others here.
+- `OPTIMIZERS`, `SCHEDULERS`: what `model.optimizer._target_` and `model.scheduler._target_` may
+  name: every optimizer and learning-rate scheduler class of `torch.optim`. Add others here.
 - `MODULES`: the LightningModules `eval.py`, predict, export and serve build from a checkpoint.
 """
 
@@ -15,14 +15,14 @@ import torch.optim
 from torch.optim import lr_scheduler
 
 
-def _classes(module, base: type | tuple[type, ...], prefix: str) -> tuple[str, ...]:
-    """The public subclasses of `base` that `module` exports (not `base` itself)."""
+def _public_subclasses(module, base: type) -> tuple[str, ...]:
+    """`<module>.<name>` of each class `module` exports that subclasses `base` (not `base`)."""
     return tuple(
-        f"{prefix}.{name}"
+        f"{module.__name__}.{name}"
         for name in module.__all__
         if isinstance(cls := getattr(module, name), type)
         and issubclass(cls, base)
-        and cls not in (torch.optim.Optimizer, lr_scheduler.LRScheduler)
+        and cls is not base
     )
 
 
@@ -31,13 +31,11 @@ NETWORKS = (
     "litforge.models.cnn.CNN",
     "litforge.backbones.timm.TimmNet",  # feature: backbones
 )
-OPTIMIZERS = (
-    *_classes(torch.optim, torch.optim.Optimizer, "torch.optim"),
-    *_classes(lr_scheduler, lr_scheduler.LRScheduler, "torch.optim.lr_scheduler"),
-)
+OPTIMIZERS = _public_subclasses(torch.optim, torch.optim.Optimizer)
+SCHEDULERS = _public_subclasses(lr_scheduler, lr_scheduler.LRScheduler)
 
-from litforge.models.classifier import ClassificationModule  # noqa: E402 (it reads the lists)
+from litforge.models.classifier import ClassificationModule  # noqa: E402 (it imports this module)
 
 MODULES = (ClassificationModule,)
 
-__all__ = ["MODULES", "NETWORKS", "OPTIMIZERS", "ClassificationModule"]
+__all__ = ["MODULES", "NETWORKS", "OPTIMIZERS", "SCHEDULERS", "ClassificationModule"]

@@ -2,6 +2,7 @@
 
 import contextlib
 import functools
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from torchmetrics.classification import (
     MulticlassF1Score,
 )
 
+from litforge import checkpoints
 from litforge import models as registry  # read when used: a test or fork may extend it
 from litforge.callbacks import EpochStatistics
 from litforge.errors import UserError, check_number
@@ -57,12 +59,14 @@ def check_buildable(config: Any, key: str, allowed: Sequence[str], partial: bool
     target = config.get("_target_") if isinstance(config, Mapping) else None
     name = registered_name(target, allowed)
     if name is None:
-        listed = "OPTIMIZERS" if partial else "NETWORKS"
+        listed = {"model.net": "NETWORKS", "model.scheduler": "SCHEDULERS"}.get(key, "OPTIMIZERS")
         raise UserError(
             f"{key}._target_={target} is not allowed: a model builds only what "
             f"litforge.models.{listed} lists (src/litforge/models/__init__.py). If it is yours, "
             f"add it there; a checkpoint that names anything else is not loaded."
         )
+    if not all(isinstance(k, str) for k in config):
+        raise UserError(f"{key} has keys that are no names: {list(config)}.")
     keywords = {k for k in config if k.startswith("_") and k.endswith("_")} - {"_target_"}
     if keywords - ({"_partial_"} if partial else set()):
         raise UserError(
@@ -76,6 +80,8 @@ def check_buildable(config: Any, key: str, allowed: Sequence[str], partial: bool
 
     def refuse(value: Any, where: str) -> None:
         if isinstance(value, Mapping):
+            if not all(isinstance(k, str) for k in value):
+                raise UserError(f"{where} has keys that are no names: {list(value)}.")
             if "_target_" in value:
                 raise UserError(
                     f"{where} has a _target_ of its own ({value['_target_']}): a model's "
@@ -93,6 +99,35 @@ def check_buildable(config: Any, key: str, allowed: Sequence[str], partial: bool
 
     refuse({k: v for k, v in config.items() if k != "_target_"}, key)
     return {**config, "_target_": name}
+
+
+def check_settings(
+    input_shape: Any,
+    num_classes: Any,
+    class_names: Any = None,
+    class_weights: Any = None,
+    mean: Any = None,
+    std: Any = None,
+) -> None:
+    """The module's plain settings are of the right kinds (a checkpoint's are data, never configs
+    to build): a UserError naming the first that is not."""
+
+    def listed(value: Any, kind: type | tuple[type, ...]) -> bool:
+        return (
+            isinstance(value, Sequence)
+            and not isinstance(value, str)
+            and all(isinstance(v, kind) and not isinstance(v, bool) for v in value)
+        )
+
+    if not (listed(input_shape, int) and len(input_shape) == 3 and min(input_shape) > 0):
+        raise UserError(f"input_shape={input_shape!r} is no (channels, height, width) of pixels.")
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+        raise UserError(f"num_classes={num_classes!r} is no number of classes (2 or more).")
+    if class_names is not None and not listed(class_names, str):
+        raise UserError(f"class_names={class_names!r} is no list of names.")
+    for name, value in (("class_weights", class_weights), ("mean", mean), ("std", std)):
+        if value is not None and not listed(value, (int, float)):
+            raise UserError(f"{name}={value!r} is no list of numbers.")
 
 
 class ClassificationModule(L.LightningModule):
@@ -118,9 +153,10 @@ class ClassificationModule(L.LightningModule):
         backbone_lr_scale: float = 1.0,
     ) -> None:
         super().__init__()
+        check_settings(input_shape, num_classes, class_names, class_weights, mean, std)
         net = check_buildable(net, "model.net", registry.NETWORKS)
         optimizer = check_buildable(optimizer, "model.optimizer", registry.OPTIMIZERS, partial=True)
-        scheduler = check_buildable(scheduler, "model.scheduler", registry.OPTIMIZERS, partial=True)
+        scheduler = check_buildable(scheduler, "model.scheduler", registry.SCHEDULERS, partial=True)
         if "lr" in optimizer:
             check_number("optimizer.lr", optimizer["lr"], above=True)
         if optimizer.get("weight_decay") is not None:
@@ -152,7 +188,10 @@ class ClassificationModule(L.LightningModule):
             logger=False,  # the pipeline logs the whole resolved run config instead
         )
         self.compile_net = compile  # not checkpointed: a compiled run's loads into an eager one
-        self.net = instantiate(net, input_shape=input_shape, num_classes=num_classes)
+        # Not recursive: only `net` itself is built, never what the arguments hold.
+        self.net = instantiate(
+            net, input_shape=tuple(input_shape), num_classes=num_classes, _recursive_=False
+        )
         weights = torch.tensor(class_weights, dtype=torch.float32) if class_weights else None
         self.register_buffer("class_weights", weights, persistent=False)
 
@@ -170,6 +209,14 @@ class ClassificationModule(L.LightningModule):
         self.test_confusion_matrix: torch.Tensor | None = None
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # part of the checkpoint, so a resumed run keeps it
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path, *args: Any, **kwargs: Any):
+        """Lightning's, once `checkpoints.read_checkpoint` has checked a local file: what it names
+        is registered in `litforge.models` and its settings are plain values (it is data)."""
+        if isinstance(checkpoint_path, (str, os.PathLike)) and os.path.exists(checkpoint_path):
+            checkpoints.read_checkpoint(checkpoint_path)
+        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def configure_callbacks(self) -> list[L.Callback]:
         # train/loss, train/acc. Once per Trainer: Lightning would say it replaces the first.

@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 
+from litforge.data.images import MAX_IMAGE_PIXELS
 from litforge.errors import UserError
 from litforge.streaming.datamodule import optimize_folder
 
@@ -43,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     optimize_parser.add_argument("--image-size", type=int, help="pixels: default as the images")
     optimize_parser.add_argument("--channels", type=int, choices=(1, 3))
+    optimize_parser.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=MAX_IMAGE_PIXELS,
+        help="larger images are bad files, never decoded (default: %(default)s, Pillow's limit)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     try:
@@ -58,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             store=args.store,
             image_size=args.image_size,
             channels=args.channels,
+            max_image_pixels=args.max_image_pixels,
         )
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -140,6 +140,7 @@ def optimize_folder(
     store: str = "files",
     image_size: int | None = None,
     channels: int | None = None,
+    max_image_pixels: int = MAX_IMAGE_PIXELS,
 ) -> None:
     """Write the image folder `source` as streaming shards into `output` (see the module doc).
     `store="pixels"`: decoded uint8 pixels, fitted to `image_size` (default: as the images),
@@ -154,6 +155,7 @@ def optimize_folder(
         and number_problem("--image-size", image_size, integer=True, minimum=1),
         num_workers is not None
         and number_problem("--workers", num_workers, integer=True, minimum=1),
+        number_problem("--max-image-pixels", max_image_pixels, integer=True, minimum=1),
         val_fraction + test_fraction >= 1
         and "--val-fraction and --test-fraction leave no training images: their sum must be "
         "below 1.",
@@ -168,6 +170,7 @@ def optimize_folder(
         on_bad_file=on_bad_file,
         image_size=image_size,
         channels=channels,
+        max_image_pixels=max_image_pixels,
     )
     folder.settings = OPTIMIZE_SETTINGS  # its messages name this command's arguments
     local = not is_url(output)
@@ -201,7 +204,9 @@ def optimize_folder(
                 items = [items[i] for i in order.tolist()]
                 print(f"{split}: {len(items)} images")
                 litdata.optimize(
-                    fn=functools.partial(shard_sample, bad_dir=bad_dir, pixels=pixels),
+                    fn=functools.partial(
+                        shard_sample, bad_dir=bad_dir, pixels=pixels, max_pixels=max_image_pixels
+                    ),
                     inputs=items,
                     output_dir=f"{output.rstrip('/')}/{split}",
                     chunk_bytes=chunk_bytes,

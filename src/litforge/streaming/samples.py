@@ -10,23 +10,26 @@ from pathlib import Path
 from litforge.data.images import MAX_IMAGE_PIXELS, BadImageError, check_pixel_count, decode, fit
 
 
-def check_decodes(data: bytes) -> None:
+def check_decodes(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> None:
     """BadImageError unless `decode` would decode `data`. PIL first: it imports in a fraction of
     torchvision's time, which counts in every worker process of `optimize`."""
     from PIL import Image
 
-    check_pixel_count(data, MAX_IMAGE_PIXELS)  # before anything is decoded
+    check_pixel_count(data, max_pixels)  # before anything is decoded
     if not data:
         raise BadImageError("an empty file (0 bytes)")
     try:
         with Image.open(io.BytesIO(data)) as image:
             image.load()
     except Exception:  # PIL raises many types; torchvision may still know the format (AVIF)
-        decode(data, None)
+        decode(data, None, max_pixels)
 
 
 def shard_sample(
-    item: tuple[str, int], bad_dir: str, pixels: tuple[int, int] | None = None
+    item: tuple[str, int],
+    bad_dir: str,
+    pixels: tuple[int, int] | None = None,
+    max_pixels: int = MAX_IMAGE_PIXELS,
 ) -> dict | None:
     """A shard sample: the file's bytes as they are, or with `pixels=(channels, size)` its decoded
     uint8 pixels fitted to size×size; and its label. A file that does not decode is left out
@@ -35,10 +38,10 @@ def shard_sample(
     try:
         data = Path(path).read_bytes()
         if pixels is None:
-            check_decodes(data)
+            check_decodes(data, max_pixels)
         else:
             channels, size = pixels
-            data = fit(decode(data, channels), size).contiguous().numpy().tobytes()
+            data = fit(decode(data, channels, max_pixels), size).contiguous().numpy().tobytes()
     except (BadImageError, OSError) as err:
         with open(Path(bad_dir) / f"{os.getpid()}.txt", "a") as out:
             out.write(f"{path}\t{err}\n")
