@@ -103,6 +103,17 @@ def test_a_checkpoint_without_its_class_loads_with_the_model_config(tmp_path, on
     assert "test/acc" in evaluate(compose_config("eval", tmp_path / "e", overrides))
 
 
+def test_load_from_checkpoint_rebuilds_the_trained_module(one_epoch_run):
+    """docs/evaluation.md's recipe for one's own code: Lightning's loading, weights only."""
+    from litforge.models import ClassificationModule
+
+    last, _ = one_epoch_run
+    module = ClassificationModule.load_from_checkpoint(last, weights_only=True)
+    saved = torch.load(last, weights_only=True)["state_dict"]
+    assert all(torch.equal(module.state_dict()[k], v) for k, v in saved.items())
+    assert module(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+
+
 @pytest.mark.parametrize("entry", ["eval.py", "load_from_checkpoint", "train=false", "resume"])
 @pytest.mark.parametrize("craft", CRAFTED)
 def test_a_checkpoint_builds_only_listed_networks(tmp_path, one_epoch_run, craft, entry):
