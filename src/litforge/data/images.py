@@ -43,9 +43,7 @@ def _torchvision_decoder():
 def decode(data: bytes, channels: int | None, max_pixels: int = MAX_IMAGE_PIXELS) -> torch.Tensor:
     """uint8 C×H×W; `channels` 1 or 3 converts, None keeps what the file has (alpha dropped).
     BadImageError for bytes that are no image, or an image of more than `max_pixels` pixels."""
-    if not data:
-        raise BadImageError("an empty file (0 bytes)")
-    check_pixel_count(data, max_pixels)
+    check_header(data, max_pixels)
     try:
         if data[:4] == b"GIF8":  # torchvision decodes every frame (a small file, many pixels)
             raise RuntimeError("Pillow decodes the first frame alone")
@@ -88,8 +86,11 @@ def header_size(data: bytes) -> tuple[int, int] | None:
         return None
 
 
-def check_pixel_count(data: bytes, max_pixels: int) -> None:
-    """BadImageError when the file's header announces more than `max_pixels` pixels."""
+def check_header(data: bytes, max_pixels: int) -> None:
+    """BadImageError for an empty file, or one whose header announces more than `max_pixels`
+    pixels: what is refused before decoding."""
+    if not data:
+        raise BadImageError("an empty file (0 bytes)")
     _pillow_allows(max_pixels)
     if (size := header_size(data)) and size[0] * size[1] > max_pixels:
         raise BadImageError(

@@ -7,7 +7,7 @@ import io
 import os
 from pathlib import Path
 
-from litforge.data.images import MAX_IMAGE_PIXELS, BadImageError, check_pixel_count, decode, fit
+from litforge.data.images import MAX_IMAGE_PIXELS, BadImageError, check_header, decode, fit
 
 
 def check_decodes(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> None:
@@ -15,9 +15,7 @@ def check_decodes(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> None:
     torchvision's time, which counts in every worker process of `optimize`."""
     from PIL import Image
 
-    check_pixel_count(data, max_pixels)  # before anything is decoded
-    if not data:
-        raise BadImageError("an empty file (0 bytes)")
+    check_header(data, max_pixels)  # before anything is decoded
     try:
         with Image.open(io.BytesIO(data)) as image:
             image.load()
