@@ -825,7 +825,7 @@ def assert_option_builds(tmp_path: Path, overrides: list[str]):
     from hydra.utils import get_class
     from omegaconf import OmegaConf, open_dict
 
-    from litforge.callbacks import LearningRateMonitor
+    from lightning.pytorch.callbacks import LearningRateMonitor
     from litforge.checkpoints import AtomicCheckpointIO
     from litforge.errors import UserError
     from litforge.pipeline import build_datamodule, build_model, build_trainer, start
@@ -941,3 +941,46 @@ def crafted_checkpoint(checkpoint_path: Path, craft: str, tmp_path: Path) -> tup
     path = tmp_path / "crafted.ckpt"
     torch.save(checkpoint, path)
     return path, made
+
+
+def _dict_step_module():
+    from torchmetrics.classification import MulticlassAccuracy
+
+    from litforge.models import ClassificationModule
+
+    class DictStepModule(ClassificationModule):
+        """A fork's own training step, as Lightning allows one: it returns a dict with its
+        logits in it and logs a metric of its own (top-2 accuracy)."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.train_top2 = MulticlassAccuracy(self.hparams.num_classes, top_k=2)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            logits = self(x)
+            loss = self.loss(logits, y)
+            self.train_top2(logits, y)
+            self.log("train/top2", self.train_top2, on_step=False, on_epoch=True)
+            return {"loss": loss, "logits": logits.detach()}
+
+    return DictStepModule
+
+
+DictStepModule = _dict_step_module()
+
+
+class SignSGD(torch.optim.Optimizer):
+    """An optimizer from outside torch.optim, as a fork might write one: steps by the sign."""
+
+    def __init__(self, params, lr: float = 0.01) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad.sign(), alpha=-group["lr"])
+        return loss

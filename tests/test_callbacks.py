@@ -1,75 +1,60 @@
-"""litforge.callbacks.EpochStatistics: the training statistics a run logs, whatever the
-Trainer's settings; in-process fits of a small MLP whose weights do not move (lr 1e-12), so
-that each batch's loss is known beforehand."""
-
-import csv
-import logging
+"""litforge.callbacks: the NaN stop (in-process fits of a small MLP on random tensors); the progress
+bar and the plots: tests/test_console.py, tests/test_plots.py."""
 
 import lightning as L
 import pytest
 import torch
-import torch.nn.functional as F
-from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
-from litforge.callbacks import EpochStatistics
+from litforge.callbacks import StopOnNonFiniteLoss
+from litforge.errors import UserError
 from litforge.models import ClassificationModule
 
 NET = {"_target_": "litforge.models.mlp.MLP", "hidden_sizes": [16], "batch_norm": False}
-FROZEN = {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 1e-12}  # weights stay put
+SGD = {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.01}
 
 
-def frozen_fit(tmp_path, batch_size: int, **trainer):
-    """(module, trainer, per-batch losses the epoch saw) for one epoch over 64 samples."""
+class NaNAt(ClassificationModule):
+    """Its loss is NaN at one step."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(NET, [1, 4, 4], 3, SGD)
+        self.nan_step = step
+
+    def loss(self, logits, y):
+        loss = super().loss(logits, y)
+        return loss * float("nan") if self.global_step == self.nan_step else loss
+
+
+def fit(module, *callbacks: L.Callback, **trainer) -> None:
     torch.manual_seed(0)
     x, y = torch.randn(64, 1, 4, 4), torch.randint(0, 3, (64,))
-    module = ClassificationModule(NET, [1, 4, 4], 3, FROZEN)
-    with torch.no_grad():
-        losses = [
-            float(F.cross_entropy(module(x[i : i + batch_size]), y[i : i + batch_size]))
-            for i in range(0, 64, batch_size)
-        ]
     fitted = L.Trainer(
-        max_epochs=1,
+        max_epochs=3,
         accelerator="cpu",
-        logger=CSVLogger(tmp_path, name="", version=""),
-        enable_checkpointing=False,
+        logger=False,
+        enable_checkpointing=bool(callbacks),
         enable_progress_bar=False,
         enable_model_summary=False,
+        callbacks=[StopOnNonFiniteLoss(), *callbacks],
         **trainer,
     )
-    fitted.fit(module, DataLoader(TensorDataset(x, y), batch_size=batch_size))
-    return module, fitted, losses
+    fitted.fit(module, DataLoader(TensorDataset(x, y), batch_size=8))
 
 
-@pytest.mark.parametrize("accumulate", [1, 2])
-def test_train_loss_is_the_epochs_mean_loss_with_and_without_accumulation(tmp_path, accumulate):
-    # No callback given: the module brings its own (configure_callbacks).
-    _, trainer, losses = frozen_fit(tmp_path, 8, accumulate_grad_batches=accumulate)
-    assert float(trainer.callback_metrics["train/loss"]) == pytest.approx(sum(losses) / 8)
-    assert 0 <= float(trainer.callback_metrics["train/acc"]) <= 1
+@pytest.mark.parametrize("log_every_n_steps", [1, 50])
+def test_a_nan_loss_stops_the_run_naming_its_step(log_every_n_steps):
+    # Checked when Lightning logs, and at the epoch's end at the latest (8 steps an epoch).
+    with pytest.raises(UserError, match=r"became NaN or infinite at step 3 \(epoch 0\)"):
+        fit(NaNAt(3), log_every_n_steps=log_every_n_steps)
 
 
-def test_step_values_are_logged_at_the_step_of_their_batch(tmp_path):
-    _, _, losses = frozen_fit(tmp_path, 8, log_every_n_steps=2)
-    with (tmp_path / "metrics.csv").open() as f:
-        rows = [row for row in csv.DictReader(f) if row.get("train/loss_step")]
-    assert [int(row["step"]) for row in rows] == [1, 3, 5, 7]
-    for row in rows:
-        assert float(row["train/loss_step"]) == pytest.approx(losses[int(row["step"])], rel=1e-5)
-
-
-def test_the_module_brings_its_statistics_once(tmp_path):
-    said = []
-    handler = logging.Handler()
-    handler.emit = lambda record: said.append(record.getMessage())
-    lightning_log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    lightning_log.addHandler(handler)
-    try:
-        module, trainer, _ = frozen_fit(tmp_path, 8)
-        x, y = torch.randn(16, 1, 4, 4), torch.randint(0, 3, (16,))
-        trainer.test(module, DataLoader(TensorDataset(x, y), batch_size=8))
-    finally:
-        lightning_log.removeHandler(handler)
-    assert sum(isinstance(c, EpochStatistics) for c in trainer.callbacks) == 1
-    assert said and not any("will override existing callbacks" in line for line in said)
+def test_no_checkpoint_is_written_after_a_nan_loss(tmp_path):
+    # A checkpoint every 2 steps, the NaN loss at step 11: step 12's is refused, 10's stays.
+    saver = L.pytorch.callbacks.ModelCheckpoint(tmp_path, every_n_train_steps=2)
+    with pytest.raises(UserError, match="at step 11"):
+        fit(NaNAt(11), saver, log_every_n_steps=50)
+    [kept] = tmp_path.glob("*.ckpt")
+    assert kept.name == "epoch=1-step=10.ckpt"
+    weights = torch.load(kept, weights_only=True)["state_dict"]
+    assert all(torch.isfinite(w).all() for k, w in weights.items() if k.startswith("net."))

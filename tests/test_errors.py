@@ -135,6 +135,8 @@ def test_hydra_full_error_still_shows_the_traceback(tmp_path):
         ("model.optimizer.lr=-0.1", "model.optimizer.lr=-0.1 is out of range"),
         ("model.optimizer.lr=fast", "model.optimizer.lr='fast' is not a number"),
         ("model.optimizer.weight_decay=-1", "model.optimizer.weight_decay=-1 is out of range"),
+        ("model.label_smoothing=1.0", "model.label_smoothing=1.0 is out of range: expected below 1"),
+        ("+model.backbone_lr_scale=-1", "model.backbone_lr_scale=-1 is out of range"),
         ("data.batch_size=0", "data.batch_size=0 is out of range: expected an integer at least 1"),
         ("data.batch_size=64.5", "data.batch_size=64.5 is not an integer: expected an integer"),
         ("data.batch_size=1e9", "data.batch_size=1000000000.0 is not an integer: expected an"),
@@ -202,7 +204,9 @@ def test_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(tmp_path,
         "+model.scheduler.step_size=1",
         "+model.scheduler.gamma=1e30",
     ]
-    with pytest.raises(UserError, match=r"the training loss became (nan|inf) at epoch 1, step \d+"):
+    with pytest.raises(
+        UserError, match=r"the training loss became NaN or infinite at step \d+ \(epoch 1\)"
+    ):
         train(compose_config("train", tmp_path, overrides))
     last = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
     assert last["epoch"] == 0

@@ -69,38 +69,23 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path, ckpt, message):
         evaluate(compose_config("eval", tmp_path, overrides))
 
 
-@pytest.mark.parametrize(
-    ("module_class", "message"),
-    [
-        (None, "does not name its LightningModule class and arguments"),
-        ("subprocess.Popen", "subprocess.Popen, which litforge.models.MODULES does not list"),
-        ("litforge.data.mnist.MNISTDataModule", "which litforge.models.MODULES does not list"),
-        # Starts like a module of ours, and resolves through its imports to Lightning's class.
-        ("litforge.models.classifier.L.LightningModule", "litforge.models.MODULES does not list"),
-        (["litforge.models.classifier.ClassificationModule"], "MODULES does not list"),
-    ],
-)
-def test_only_this_packages_modules_are_rebuilt(tmp_path, one_epoch_run, module_class, message):
-    last, data_dir = one_epoch_run
-    checkpoint = torch.load(last)
-    assert checkpoint["module_class"] == "litforge.models.classifier.ClassificationModule"
-    checkpoint["module_class"] = module_class
-    path = tmp_path / "edited.ckpt"
+def test_a_run_without_callbacks_evaluates_without_model(tmp_path, idx_data_dir):
+    """eval.py rebuilds the registered module from the checkpoint alone, whatever callbacks
+    the run had; a class the checkpoint names is never looked up."""
+    overrides = ["data=mnist", "data.val_size=100", f"paths.data_dir={idx_data_dir}"]
+    overrides += ["trainer.max_epochs=1"]
+    overrides += [
+        "callbacks=none",
+        "+callbacks.ckpt._target_=lightning.pytorch.callbacks.ModelCheckpoint",
+    ]
+    overrides += [f"+callbacks.ckpt.dirpath={tmp_path / 'ckpts'}", "logger=none", "test=false"]
+    train(compose_config("train", tmp_path / "t", overrides))
+    checkpoint = torch.load(next((tmp_path / "ckpts").glob("*.ckpt")), weights_only=True)
+    checkpoint["module_class"] = "subprocess.Popen"
+    path = tmp_path / "plain.ckpt"
     torch.save(checkpoint, path)
-    overrides = ["data=mnist", f"ckpt_path={path}", f"paths.data_dir={data_dir}"]
-    cfg = compose_config("eval", tmp_path / "e", overrides)
-    with pytest.raises(UserError, match=re.escape(message)):
-        evaluate(cfg)
-
-
-def test_a_checkpoint_without_its_class_loads_with_the_model_config(tmp_path, one_epoch_run):
-    last, data_dir = one_epoch_run
-    checkpoint = torch.load(last)
-    del checkpoint["module_class"]  # as written before litforge recorded it
-    path = tmp_path / "older.ckpt"
-    torch.save(checkpoint, path)
-    overrides = ["data=mnist", "model=mlp", f"ckpt_path={path}", f"paths.data_dir={data_dir}"]
-    assert "test/acc" in evaluate(compose_config("eval", tmp_path / "e", overrides))
+    data = ["data=mnist", f"ckpt_path={path}", f"paths.data_dir={idx_data_dir}", "logger=none"]
+    assert "test/acc" in evaluate(compose_config("eval", tmp_path / "e", data))
 
 
 def test_load_from_checkpoint_rebuilds_the_trained_module(one_epoch_run):

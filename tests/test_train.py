@@ -162,3 +162,33 @@ def test_sweep_from_another_directory_uses_it_as_the_project_root(tmp_path, idx_
     summary = ["plots"] if (ROOT / "conf" / "sweeps").is_dir() else []  # the sweeps feature's
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", *summary]
     assert "test/acc" in json.loads((sweep / "0" / "metrics.json").read_text())
+
+
+def test_a_forks_own_training_step_trains_evaluates_and_resumes(tmp_path, idx_data_dir):
+    """A step that returns a dict with its logits and logs its own metric runs with the
+    default callbacks; eval.py and a resumed run take the same module."""
+    from litforge.pipeline import evaluate
+
+    module = "model._target_=helpers.DictStepModule"
+    data = ["data=mnist", "data.val_size=100", f"paths.data_dir={idx_data_dir}"]
+    first = train(compose_config("train", tmp_path / "a", [*data, module, "trainer.max_epochs=1"]))
+    assert "train/top2" in first and first["test/acc"] > 0.5
+    last = tmp_path / "a" / "run" / "checkpoints" / "last.ckpt"
+
+    resumed = [*data, module, "trainer.max_epochs=2", f"ckpt_path={last}"]
+    metrics = train(compose_config("train", tmp_path / "b", resumed))
+    assert torch.load(tmp_path / "b" / "run" / "checkpoints" / "last.ckpt")["epoch"] == 1
+    assert "train/top2" in metrics
+
+    evaluated = evaluate(
+        compose_config("eval", tmp_path / "e", [*data, f"ckpt_path={last}", f"+{module}"])
+    )
+    assert evaluated["test/acc"] == first["test/acc"]
+
+
+def test_an_optimizer_from_outside_torch_optim_trains(tmp_path, idx_data_dir):
+    """The user's config is trusted: any optimizer class trains (here a fork's own)."""
+    overrides = [*FAST, "trainer.max_epochs=1", "model.optimizer._target_=helpers.SignSGD"]
+    overrides += ["~model.optimizer.weight_decay", "model.optimizer.lr=0.01"]
+    metrics = train(compose_config("train", tmp_path, overrides))
+    assert metrics["test/acc"] > 0.5

@@ -1,7 +1,6 @@
 """Our own callbacks, each in conf/callbacks/ (those about checkpoints: `litforge.checkpoints`)."""
 
 import logging
-import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,10 +10,8 @@ from unittest import mock
 import lightning as L
 import rich
 import torch
-from lightning.pytorch.callbacks import LearningRateMonitor as _LightningLearningRateMonitor
 from lightning.pytorch.callbacks import RichModelSummary as _LightningRichModelSummary
 from lightning.pytorch.callbacks import RichProgressBar as _LightningRichProgressBar
-from lightning.pytorch.utilities.data import extract_batch_size
 from omegaconf import OmegaConf
 from rich.progress import ProgressColumn, Task
 from rich.table import Table
@@ -38,20 +35,10 @@ class _Speed(ProgressColumn):
 
 class RichProgressBar(_LightningRichProgressBar):
     """Redrawn every `refresh_rate` (config: 20) batches on rank 0 only: Lightning's (2.6.6) after
-    every batch, ~1 ms a step on a CPU (Lightning #13937, #20300). Shows this epoch's training."""
+    every batch, ~1 ms a step on a CPU (Lightning #13937, #20300)."""
 
     def configure_columns(self, trainer: L.Trainer) -> list:
         return [*super().configure_columns(trainer)[:-1], _Speed()]  # (the last: the speed)
-
-    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
-        metrics = super().get_metrics(trainer, pl_module)
-        statistics = [cb for cb in trainer.callbacks if isinstance(cb, EpochStatistics)]
-        if not statistics or trainer.state.fn != "fit":
-            return metrics
-        for name in list(metrics):  # the logged values: the previous epoch's
-            if name.startswith(statistics[0].prefix) and not name.endswith("_step"):
-                del metrics[name]
-        return {**statistics[0].running(), **metrics}
 
     def _due(self, batch_idx: int, total: Callable[[], int | float]) -> bool:
         # `total` is read on rank 0 only: elsewhere Lightning never sets up what it reads.
@@ -114,113 +101,45 @@ class LogRunConfig(L.Callback):
             logger.log_hyperparams(config)
 
 
-class LearningRateMonitor(_LightningLearningRateMonitor):
-    """An epoch resumed mid-way has no start: its rates go into the run's metrics, not its logs."""
-
-    _epoch_seen = -1
-
-    def on_train_epoch_start(self, trainer, *args, **kwargs) -> None:
-        self._epoch_seen = trainer.current_epoch
-        super().on_train_epoch_start(trainer, *args, **kwargs)
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self.logging_interval == "epoch" and self._epoch_seen != trainer.current_epoch:
-            self._epoch_seen = trainer.current_epoch
-            self._extract_stats(trainer, "epoch")  # into trainer.callback_metrics only
-        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
-
-
 class StopOnNonFiniteLoss(L.Callback):
-    """Stop at the first NaN or infinite loss, saying where; earlier checkpoints stay untouched."""
+    """Stop once a training loss was NaN or infinite, saying at which step, before any later
+    checkpoint is written. Checked when Lightning logs (every `log_every_n_steps`), at an epoch's
+    last batch and before each checkpoint: each step only marks, on its device, the first bad
+    step (a check every step would wait for the GPU)."""
+
+    def __init__(self) -> None:
+        self.first_bad: torch.Tensor | None = None  # the step, or -1 while every loss was finite
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.first_bad = torch.tensor(-1, device=pl_module.device)
+
+    def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
+        if self.first_bad is not None:
+            bad = ~torch.isfinite(loss.detach()) & (self.first_bad < 0)
+            self.first_bad = torch.where(bad, trainer.global_step, self.first_bad)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        loss = outputs.get("loss")
-        if loss is None:
+        last = batch_idx + 1 >= trainer.num_training_batches
+        if last or (trainer.global_step + 1) % trainer.log_every_n_steps == 0:
+            self.check(trainer)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        self.check(trainer)
+
+    def check(self, trainer: L.Trainer) -> None:
+        if self.first_bad is None or trainer.state.fn != "fit":
             return
-        bad = not bool(torch.isfinite(loss.detach()))
-        if trainer.world_size > 1:  # every process stops together, whichever saw it
-            bad = trainer.strategy.reduce_boolean_decision(bad, all=False)
-        if bad:
+        # Every process stops together, whichever saw it: the largest first bad step of all.
+        step = int(trainer.strategy.reduce(self.first_bad.clone(), reduce_op="max"))
+        if step >= 0:
+            self.first_bad = None
             kept = trainer.checkpoint_callback
             checkpoints = kept.dirpath if kept is not None else "(none: no checkpoint callback)"
-            value = float(loss)
-            seen = value if not math.isfinite(value) else "NaN/inf in another process"
             raise UserError(
-                f"the training loss became {seen} at epoch {trainer.current_epoch}, step "
-                f"{trainer.global_step} (batch {batch_idx}); training stopped. The checkpoints "
-                f"of earlier epochs are in {checkpoints}. Lower model.optimizer.lr, or check the "
-                "data for NaNs."
+                f"the training loss became NaN or infinite at step {step} (epoch "
+                f"{trainer.current_epoch}); training stopped. The checkpoints of earlier epochs "
+                f"are in {checkpoints}. Lower model.optimizer.lr, or check the data for NaNs."
             )
-
-
-class EpochStatistics(L.Callback):
-    """Logs each value a training step returns (`loss`, and the others of `step_statistics`) as
-    `<prefix><name>`, averaged over the epoch's samples on all processes (a step may return its
-    own `batch_size`; 0: nothing to count), and as `<prefix><name>_step` on the steps loggers
-    write. One tensor of sums on the device: µs, where `self.log(on_epoch=True)` costs ~0.25 ms."""
-
-    def __init__(self, prefix: str = "train/") -> None:
-        self.prefix = prefix
-        self.names: list[str] = []
-        self.sums: torch.Tensor | None = None  # value × samples for each name, then samples
-        self._trainer: L.Trainer | None = None
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._trainer = trainer
-
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.sums = None  # (Lightning skips this hook in an epoch resumed mid-way)
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        values = {k: v for k, v in outputs.items() if k != "batch_size"}
-        n = outputs.get("batch_size", extract_batch_size(batch))
-        if not values or not n:
-            return
-        self.names = self.names or list(values)
-        with torch.no_grad():
-            step = torch.stack([values[k].detach().float().reshape(()) for k in self.names])
-            if "loss" in self.names:  # Lightning hands it on divided by the accumulation
-                step[self.names.index("loss")] *= trainer.accumulate_grad_batches
-            weighted = torch.cat([step * n, step.new_tensor([n])])
-        self.sums = weighted if self.sums is None else self.sums.to(weighted.device) + weighted
-        if trainer._logger_connector.should_update_logs:  # private API (Lightning 2.6)
-            for name, value in zip(self.names, step, strict=True):
-                pl_module.log(f"{self.prefix}{name}_step", value, on_step=True, on_epoch=False)
-
-    def _total(self, trainer: L.Trainer) -> torch.Tensor:
-        # Zeros where this process has counted nothing yet: every process must join the sum.
-        sums = self.sums if self.sums is not None else torch.zeros(len(self.names) + 1)
-        sums = sums.to(trainer.lightning_module.device).clone()
-        return trainer.strategy.reduce(sums, reduce_op="sum")
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self.names:
-            return
-        *sums, count = self._total(trainer)
-        if count > 0:  # sync_dist: as in ClassificationModule (equal on every process already)
-            for name, total in zip(self.names, sums, strict=True):
-                pl_module.log(f"{self.prefix}{name}", total / count, prog_bar=True, sync_dist=True)
-
-    def running(self) -> dict[str, float]:
-        """This epoch's averages so far on this process (what the progress bar shows)."""
-        if self.sums is None or not self.sums[-1]:
-            return {}
-        *sums, count = self.sums.tolist()
-        return {f"{self.prefix}{n}": s / count for n, s in zip(self.names, sums, strict=True)}
-
-    def state_dict(self) -> dict[str, Any]:
-        trainer = self._trainer
-        if trainer is None or trainer.state.fn != "fit" or not self.names:
-            return {}
-        # Summed over processes (all of them save together), to be loaded into rank 0.
-        return {"names": self.names, "sums": self._total(trainer).cpu()}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if not state_dict:
-            return
-        self.names, sums = list(state_dict["names"]), state_dict["sums"]
-        rank = self._trainer.global_rank if self._trainer is not None else 0
-        self.sums = sums if rank == 0 else torch.zeros_like(sums)
 
 
 class ClassificationPlots(L.Callback):
@@ -234,10 +153,10 @@ class ClassificationPlots(L.Callback):
         self.dirpath = Path(dirpath)
         self.epochs: dict[int, dict[str, float]] = {}
         self._ended: int | None = None  # an epoch whose statistics are yet to be read
-        self._trainer: L.Trainer | None = None
+        self.trainer: L.Trainer | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._trainer = trainer
+        self.trainer = trainer
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._ended = trainer.current_epoch
@@ -272,7 +191,7 @@ class ClassificationPlots(L.Callback):
     def _record(self) -> None:
         if self._ended is None:
             return
-        metrics = self._trainer.callback_metrics
+        metrics = self.trainer.callback_metrics
         self.epochs[self._ended] = {n: float(metrics[n]) for n in self.NAMES if n in metrics}
         self._ended = None
 

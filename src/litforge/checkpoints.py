@@ -1,10 +1,13 @@
-"""Checkpoints: writing, reading (`load_module` builds only what a checkpoint may build: it is data)
-and checking one fits the configured data and model. Which one a run continues from: `resume`."""
+"""Checkpoints: writing; reading (a checkpoint is data: `check_registered` lets it build only what
+`litforge.models` registers); checking one fits the configured data and model. Which one a run
+continues from: `resume`."""
 
+import contextlib
+import functools
 import logging
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,13 +97,12 @@ class LastCheckpoint(ModelCheckpoint):
 
 
 class ResumeState(L.Callback):
-    """Saves what Lightning leaves out: RNG states (a resumed run draws the same dropout and
-    augmentations) and the LightningModule's class (for eval.py)."""
+    """Saves what Lightning leaves out: the random generators' states (a resumed run draws the
+    same dropout and augmentations)."""
 
     _states: dict[str, Any] | None = None
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
-        checkpoint["module_class"] = f"{type(pl_module).__module__}.{type(pl_module).__qualname__}"
         states = {"torch": torch.get_rng_state(), "python": random.getstate()}
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             states["cuda"] = torch.cuda.get_rng_state_all()
@@ -174,21 +176,14 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
 
 
 def check_registered(checkpoint: dict[str, Any], where: str) -> None:
-    """A UserError unless every class the checkpoint names is registered in `litforge.models`,
-    matched exactly, and its other settings are plain values of the right kinds: checked on
-    reading, before anything is built or any module imported."""
+    """A UserError unless what the checkpoint's settings would build is registered in
+    `litforge.models` (matched exactly) and its other settings are plain values of the right
+    kinds: checked on reading, before anything is built or any module imported."""
     import inspect
 
     from litforge.data.images import INTERPOLATIONS
     from litforge.models import MODULES, NETWORKS, OPTIMIZERS, SCHEDULERS
-    from litforge.models.classifier import check_buildable, check_settings
 
-    name = checkpoint.get("module_class")
-    if name is not None and (not isinstance(name, str) or name not in _module_names(MODULES)):
-        raise UserError(
-            f"{where} names the LightningModule {name}, which litforge.models.MODULES does not "
-            f"list: not loading it. {FIX}"
-        )
     hp = checkpoint.get("hyper_parameters") or {}
     data = checkpoint.get("datamodule_hyper_parameters") or {}
     if not isinstance(hp, dict) or not isinstance(data, dict):
@@ -221,38 +216,137 @@ def check_registered(checkpoint: dict[str, Any], where: str) -> None:
         raise UserError(f"{where}: its dataset name {data['name']!r} is no name. {FIX}")
 
 
-def _module_names(modules) -> dict[str, type]:
-    return {f"{cls.__module__}.{cls.__qualname__}": cls for cls in modules}
+def registered_name(target: object, allowed: Sequence[str]) -> str | None:
+    """The entry of `allowed` that `target` names, or None: the entry itself, or the path where
+    its class is defined. Nothing is imported by `target`'s own name: a checkpoint's names never
+    choose what code runs, not even which modules load."""
+    if not isinstance(target, str):
+        return None
+    return target if target in allowed else _defined_at(tuple(allowed)).get(target)
+
+
+@functools.cache
+def _defined_at(allowed: tuple[str, ...]) -> dict[str, str]:
+    """`module.qualname` of each listed class → its listed name (only listed names import)."""
+    from hydra.utils import get_object
+
+    found = {}
+    for name in allowed:
+        with contextlib.suppress(Exception):  # a listed network whose extra is not installed
+            obj = get_object(name)
+            found[f"{obj.__module__}.{obj.__qualname__}"] = name
+    return found
+
+
+def check_buildable(config: Any, key: str, allowed: Sequence[str], partial: bool = False) -> Any:
+    """A checkpoint's `config`, its `_target_` replaced by the registered name; a UserError
+    unless it builds one of `allowed` from plain values: no `${...}` (`oc.decode` could build
+    anything), no Hydra keyword but `_partial_: true` (`partial`: an optimizer or scheduler,
+    given its parameters later), and a `_target_` inside it only where that too is `allowed`
+    (a network config holding a backbone's)."""
+    if config is None:
+        return None
+    target = config.get("_target_") if isinstance(config, Mapping) else None
+    name = registered_name(target, allowed)
+    if name is None:
+        listed = {"model.net": "NETWORKS", "model.scheduler": "SCHEDULERS"}.get(key, "OPTIMIZERS")
+        raise UserError(
+            f"{key}._target_={target} is not allowed: a checkpoint builds only what "
+            f"litforge.models.{listed} lists (src/litforge/models/__init__.py); if it is yours, "
+            f"add it there."
+        )
+    if not all(isinstance(k, str) for k in config):
+        raise UserError(f"{key} has keys that are no names: {list(config)}.")
+    keywords = {k for k in config if k.startswith("_") and k.endswith("_")} - {"_target_"}
+    if keywords - ({"_partial_"} if partial else set()):
+        raise UserError(
+            f"{key} has {', '.join(sorted(keywords))}: a checkpoint's {key} is built from its "
+            f"_target_ and plain values{' (and _partial_: true)' if partial else ''} only."
+        )
+    if partial and config.get("_partial_") is not True:
+        raise UserError(f"{key}._partial_ must be true: the module gives it its parameters.")
+
+    def refuse(value: Any, where: str) -> None:
+        if isinstance(value, Mapping):
+            if "_target_" in value and (
+                partial or registered_name(value["_target_"], allowed) is None
+            ):
+                raise UserError(
+                    f"{where} has a _target_ of its own ({value['_target_']}), which "
+                    f"litforge.models does not list."
+                )
+            if "_target_" in value:
+                check_buildable(value, where, allowed)
+                return
+            if not all(isinstance(k, str) for k in value):
+                raise UserError(f"{where} has keys that are no names: {list(value)}.")
+            for k, v in value.items():
+                refuse(v, f"{where}.{k}")
+        elif isinstance(value, Sequence) and not isinstance(value, str):
+            for i, v in enumerate(value):
+                refuse(v, f"{where}[{i}]")
+        elif isinstance(value, str) and "${" in value:
+            raise UserError(
+                f"{where}={value} is an interpolation: a checkpoint holds plain values."
+            )
+
+    refuse({k: v for k, v in config.items() if k != "_target_"}, key)
+    return {**config, "_target_": name}
+
+
+def check_settings(
+    input_shape: Any,
+    num_classes: Any,
+    class_names: Any = None,
+    class_weights: Any = None,
+    mean: Any = None,
+    std: Any = None,
+) -> None:
+    """The module's plain settings are of the right kinds (a checkpoint's are data, never configs
+    to build): a UserError naming the first that is not."""
+
+    def listed(value: Any, kind: type | tuple[type, ...]) -> bool:
+        return (
+            isinstance(value, Sequence)
+            and not isinstance(value, str)
+            and all(isinstance(v, kind) and not isinstance(v, bool) for v in value)
+        )
+
+    if not (listed(input_shape, int) and len(input_shape) == 3 and min(input_shape) > 0):
+        raise UserError(f"input_shape={input_shape!r} is no (channels, height, width) of pixels.")
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+        raise UserError(f"num_classes={num_classes!r} is no number of classes (2 or more).")
+    if class_names is not None and not listed(class_names, str):
+        raise UserError(f"class_names={class_names!r} is no list of names.")
+    for name, value in (("class_weights", class_weights), ("mean", mean), ("std", std)):
+        if value is not None and not listed(value, (int, float)):
+            raise UserError(f"{name}={value!r} is no list of numbers.")
 
 
 def load_module(
-    checkpoint: dict[str, Any], ckpt_path: str, default: str | None = None
+    checkpoint: dict[str, Any], ckpt_path: str, target: str | None = None
 ) -> L.LightningModule:
-    """The LightningModule the checkpoint names (else `default`, a trusted config's `_target_`)
-    with its weights: one of `litforge.models.MODULES` (a checkpoint must not run code of its
-    choosing); `read_checkpoint` checked the rest of what it names."""
+    """The LightningModule of `target` (a trusted config's `_target_`; else the one module
+    `litforge.models.MODULES` registers) with the checkpoint's settings and weights, which
+    `read_checkpoint` has checked: a file through Lightning's `load_from_checkpoint`."""
     from hydra.utils import get_class
 
     from litforge.models import MODULES
 
-    named = checkpoint.get("module_class")
-    if not (named or default) or "hyper_parameters" not in checkpoint:
+    if target is None and len(MODULES) != 1:
         raise UserError(
-            f"{ckpt_path} does not name its LightningModule class and arguments (an older "
-            f"checkpoint, or callbacks.resume_state was off): add model=<the model config it "
-            f"was trained with>."
+            f"{ckpt_path}: several LightningModules are registered in litforge.models.MODULES; "
+            f"add model=<the model config it was trained with>."
         )
-    module_class = _module_names(MODULES)[named] if named else get_class(default)
-    if module_class not in MODULES:
+    module_class = get_class(target) if target else MODULES[0]
+    if "hyper_parameters" not in checkpoint:
         raise UserError(
-            f"model._target_={default} is not in litforge.models.MODULES: add it there to "
-            f"evaluate its checkpoints."
+            f"{ckpt_path} holds no hyper-parameters (its module did not call "
+            f"save_hyperparameters): it cannot be rebuilt from the checkpoint alone."
         )
-    try:  # a checkpoint's network and optimizer configs are checked before anything is built
-        model = module_class(**checkpoint["hyper_parameters"])
-    except UserError as err:
-        raise UserError(f"{ckpt_path}: {err}") from err
-    check_same_shapes(checkpoint["state_dict"], model.state_dict(), ckpt_path)
+    if Path(ckpt_path).is_file():
+        return module_class.load_from_checkpoint(ckpt_path, map_location="cpu", weights_only=True)
+    model = module_class(**checkpoint["hyper_parameters"])  # a folder of shards
     model.load_state_dict(checkpoint["state_dict"])
     return model
 

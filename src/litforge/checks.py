@@ -10,6 +10,8 @@ NUMBERS = {  # key: what `number_problem` checks it for
     "seed": {"integer": True},
     "model.optimizer.lr": {"above": True},
     "model.optimizer.weight_decay": {},
+    "model.label_smoothing": {},
+    "model.backbone_lr_scale": {},
     "data.batch_size": {"integer": True, "minimum": 1},
     "data.val_size": {"integer": True},
     "data.crop_padding": {"integer": True},
@@ -29,6 +31,11 @@ def check_config(cfg: DictConfig, needs_checkpoint: bool = False) -> None:
         raise UserError(
             "trainer.max_epochs=0 trains nothing: set 1 or more (-1: no limit). To test a "
             "checkpoint without training: train=false ckpt_path=<checkpoint>, or eval.py."
+        )
+    if (OmegaConf.select(cfg, "model.label_smoothing") or 0) >= 1:
+        raise UserError(
+            f"model.label_smoothing={cfg.model.label_smoothing} is out of range: expected "
+            f"below 1 (0.1 is usual)."
         )
     if cfg.get("optimized_metric_mode", "max") not in ("max", "min"):
         raise UserError(

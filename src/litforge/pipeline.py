@@ -234,13 +234,12 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     start(cfg)
     checkpoint = checkpoints.read_checkpoint(cfg.ckpt_path)
     data_from_checkpoint(cfg, checkpoint)
-    configured = cfg.model._target_ if cfg.get("model") else None
-    if configured and checkpoint.get("module_class"):
-        log.info("model=... is not used: the checkpoint says what the model is.")
     datamodule = build_datamodule(cfg)
     name, classes = datamodule.hparams.get("name"), datamodule.model_arguments().get("class_names")
     checkpoints.check_same_dataset(checkpoint, name, cfg.ckpt_path, classes)
-    model = checkpoints.load_module(checkpoint, cfg.ckpt_path, default=configured)
+    # The settings come from the checkpoint; `model=` may name the module class.
+    target = cfg.model._target_ if cfg.get("model") else None
+    model = checkpoints.load_module(checkpoint, cfg.ckpt_path, target)
     trainer = build_trainer(cfg)
     test(trainer, model, datamodule)
     return finish(cfg, trainer, _float_metrics(trainer))

@@ -8,6 +8,7 @@ import os
 import lightning as L
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import compose_config, predicted_accuracy, run_script, write_idx_dataset
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from torch.utils.data import DataLoader, TensorDataset
@@ -193,3 +194,41 @@ def test_reduce_on_plateau_steps_on_its_monitored_metric():
     unset = {k: v for k, v in scheduler.items() if k != "monitor"}
     with pytest.raises(UserError, match=r"model.scheduler.monitor is not set. Add \+model"):
         fit(batch_size=16, scheduler=unset, epochs=1)
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_train_loss_is_the_epochs_mean_and_each_logged_step_its_own(tmp_path, accumulate):
+    """`train/loss` (the epoch's mean over samples), `train/loss_step` at the steps loggers
+    write, with and without accumulation: weights that do not move (lr 1e-12) make each batch's
+    loss known beforehand."""
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 1, 4, 4), torch.randint(0, 3, (64,))
+    net = {"_target_": "litforge.models.mlp.MLP", "hidden_sizes": [16], "batch_norm": False}
+    frozen = {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 1e-12}
+    module = ClassificationModule(net, [1, 4, 4], 3, frozen)
+    with torch.no_grad():
+        losses = [
+            float(F.cross_entropy(module(x[i : i + 8]), y[i : i + 8])) for i in range(0, 64, 8)
+        ]
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=CSVLogger(tmp_path, name="", version=""),
+        log_every_n_steps=1,
+        accumulate_grad_batches=accumulate,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=8))
+    assert float(trainer.callback_metrics["train/loss"]) == pytest.approx(sum(losses) / 8)
+    assert 0 <= float(trainer.callback_metrics["train/acc"]) <= 1
+    with (tmp_path / "metrics.csv").open() as f:
+        logged = [
+            float(row["train/loss_step"]) for row in csv.DictReader(f) if row.get("train/loss_step")
+        ]
+    assert logged == pytest.approx(losses[accumulate - 1 :: accumulate], rel=1e-5)

@@ -124,13 +124,13 @@ class Stages:
             return None, None, labels
         return output, torch.stack(losses).mean(), labels
 
-    def from_last_stage(self, outputs: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
-        """The last stage's step outputs (small CPU tensors), on every stage of this pipeline."""
-        box = [outputs]
+    def from_last_stage(self, logits: torch.Tensor | None) -> torch.Tensor | None:
+        """The last stage's logits (detached; a batch's worth of numbers) on every stage of this
+        pipeline, on each one's device."""
+        box = [logits.detach().cpu() if logits is not None else None]
         last = torch.distributed.get_global_rank(self.group, self.group.size() - 1)
         torch.distributed.broadcast_object_list(box, src=last, group=self.group)
-        loss = box[0].get("loss", torch.zeros(()))
-        return {**box[0], "loss": loss}
+        return box[0].to(self.device) if box[0] is not None else None
 
     def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
         """Logits for a batch (forward only) on the last stage; None on the others. A smaller

@@ -6,6 +6,8 @@ refused from the config (`prepare_run`) and the model (`check_fit`) before anyth
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,33 +125,30 @@ class ModelParallelStrategy(ReportsLostProcesses, _LightningModelParallelStrateg
         (images, labels), batch_idx, module = args[0], args[1], self.lightning_module
         if batch_idx % module.trainer.accumulate_grad_batches == 0:
             module.optimizers().zero_grad()
-        logits, loss, labels = self.pipeline.train_step(images, labels)
-        outputs = None
-        if self.pipeline.last:
-            outputs = {"batch_size": torch.tensor(0.0)}
-            if logits is not None:
-                outputs = module.step_statistics(logits, labels, loss)
-                outputs = {k: v.detach().cpu() for k, v in outputs.items()}
-                outputs["batch_size"] = torch.tensor(float(len(labels)))
-        # Only the last stage has them: every process logs and shows the same (their averages
-        # over all processes are the last stages' averages).
-        return self.pipeline.from_last_stage(outputs)
+        # The schedule runs the forward and backward passes with the module's `loss`; then
+        # every stage runs the module's own step on the last stage's logits, which logs.
+        logits, _, labels = self.pipeline.train_step(images, labels)
+        logits = self.pipeline.from_last_stage(logits)
+        if logits is None:  # a batch too small for the microbatches
+            return None
+        with forward_gives(module, logits):
+            return super().training_step((images[: len(labels)], labels), batch_idx)
 
     def validation_step(self, *args: Any, **kwargs: Any) -> Any:
         if self.pipeline is None:
             return super().validation_step(*args, **kwargs)
-        return self._evaluate("val", *args)
+        return self._evaluate(super().validation_step, *args)
 
     def test_step(self, *args: Any, **kwargs: Any) -> Any:
         if self.pipeline is None:
             return super().test_step(*args, **kwargs)
-        return self._evaluate("test", *args)
+        return self._evaluate(super().test_step, *args)
 
-    def _evaluate(self, stage: str, batch: Any, *args: Any) -> None:
+    def _evaluate(self, step: Any, batch: Any, *args: Any) -> Any:
         images, labels = batch
-        logits = self.pipeline.forward(images, labels)
-        if logits is not None:  # the last stage counts; the others' metrics stay empty
-            self.lightning_module.update_metrics(stage, logits, labels)
+        logits = self.pipeline.from_last_stage(self.pipeline.forward(images, labels))
+        with forward_gives(self.lightning_module, logits):
+            return step(batch, *args)
 
     def setup_environment(self) -> None:
         self._data_parallel_size, self._tensor_parallel_size = mesh_sizes(
@@ -308,3 +307,14 @@ def check_model_parallel(cfg: DictConfig) -> None:
                 "trainer.detect_anomaly=true (set by debug=...) fails under tensor parallelism:"
                 " torch's DTensor cannot run its check. Add trainer.detect_anomaly=false."
             )
+
+
+@contextlib.contextmanager
+def forward_gives(module: torch.nn.Module, logits: torch.Tensor) -> Iterator[None]:
+    """`module(x)` returns `logits` (the pipeline's, computed already) for the module's own
+    steps to log from: the step needs no change to run under pipeline stages."""
+    module.forward = lambda *args, **kwargs: logits
+    try:
+        yield
+    finally:
+        del module.forward
