@@ -1,6 +1,5 @@
 """`python eval.py ckpt_path=...`: test a checkpoint with the network stored in it."""
 
-import re
 
 import pytest
 import torch
