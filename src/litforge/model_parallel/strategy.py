@@ -65,6 +65,12 @@ class ModelParallelStrategy(ReportsLostProcesses, _LightningModelParallelStrateg
             )
         if pp <= 1:
             return
+        if net is None or not callable(getattr(model, "loss", None)):
+            raise UserError(
+                f"model_parallel: pipeline stages split a module's `net` and compute its "
+                f"`loss(logits, labels)`, and {type(model).__name__} lacks one: use "
+                f"strategy.pipeline_parallel_size=1."
+            )
         stages, blocks = num_stages(pp, self.schedule), count_blocks(model.net)
         if stages > blocks:
             raise UserError(
