@@ -78,7 +78,10 @@ class ClassificationModule(L.LightningModule):
         weights = torch.tensor(class_weights, dtype=torch.float32) if class_weights else None
         self.register_buffer("class_weights", weights, persistent=False)
 
-        # validate_args=False: the checks of each batch's labels wait for the GPU.
+        # Epoch means over all processes' samples. No per-batch checks, which wait for the GPU:
+        # of labels (validate_args), for NaNs (nan_strategy; it then ignores weights: a batch's
+        # mean loss is repeated once per sample instead).
+        self.train_loss = MeanMetric(nan_strategy="disable")
         self.train_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
         metrics = MetricCollection(
             {
@@ -89,7 +92,8 @@ class ClassificationModule(L.LightningModule):
         )
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
-        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
+        self.val_loss = MeanMetric(nan_strategy="disable")
+        self.test_loss = MeanMetric(nan_strategy="disable")
         self.test_confusion = MulticlassConfusionMatrix(num_classes)  # for plots/, after test
         self.test_confusion_matrix: torch.Tensor | None = None
         self.val_acc_best = MaxMetric()
@@ -125,22 +129,22 @@ class ClassificationModule(L.LightningModule):
         x, y = batch
         logits = self(x)
         loss = self.loss(logits, y)
-        labels = y.argmax(dim=1) if y.ndim > 1 else y  # a blend (data.mix): its larger share
-        self.train_acc.update(logits, labels)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=len(y))
+        self.train_loss(loss.detach().expand(len(y)))  # this batch's loss, and the epoch's
+        self.train_acc.update(logits, y.argmax(dim=1) if y.ndim > 1 else y)  # (data.mix: blends)
+        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True)
         self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, prog_bar=True)
         return loss
 
     def validation_step(self, batch, batch_idx: int) -> None:
         x, y = batch
         logits = self(x)
-        self.val_loss.update(F.cross_entropy(logits, y), weight=len(y))
+        self.val_loss.update(F.cross_entropy(logits, y).expand(len(y)))
         self.val_metrics.update(logits, y)
 
     def test_step(self, batch, batch_idx: int) -> None:
         x, y = batch
         logits = self(x)
-        self.test_loss.update(F.cross_entropy(logits, y), weight=len(y))
+        self.test_loss.update(F.cross_entropy(logits, y).expand(len(y)))
         self.test_metrics.update(logits, y)
         self.test_confusion.update(logits, y)
 
