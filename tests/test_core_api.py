@@ -50,9 +50,8 @@ def private_uses(text: str, name: str) -> list[str]:
                     found.append(f"{where}: import {alias.name}")
         elif isinstance(node, ast.Attribute) and node.attr in PRIVATE_ATTRIBUTES:
             found.append(f"{where}: .{node.attr}")
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            if node.name in PRIVATE_ATTRIBUTES:
-                found.append(f"{where}: def {node.name} (overrides Lightning's private method)")
+        elif isinstance(node, ast.FunctionDef) and node.name in PRIVATE_ATTRIBUTES:
+            found.append(f"{where}: def {node.name} (overrides Lightning's private method)")
     return found
 
 
@@ -90,12 +89,14 @@ def test_the_check_finds_what_it_looks_for():
         "    def _save_checkpoint(self, trainer, path): ...\n"
     )
     found = private_uses(text, "sample.py")
-    assert sorted(line.split(": ", 1)[1] for line in found) == sorted([
-        "from lightning.fabric.utilities.load import _load_distributed_checkpoint",
-        "import lightning.pytorch.loops._utils",
-        "def _save_checkpoint (overrides Lightning's private method)",
-        ".batch_progress",
-        "._logger_connector",
-        "._trainer",
-        ".fit_loop",
-    ])
+    assert sorted(line.split(": ", 1)[1] for line in found) == sorted(
+        [
+            "from lightning.fabric.utilities.load import _load_distributed_checkpoint",
+            "import lightning.pytorch.loops._utils",
+            "def _save_checkpoint (overrides Lightning's private method)",
+            ".batch_progress",
+            "._logger_connector",
+            "._trainer",
+            ".fit_loop",
+        ]
+    )

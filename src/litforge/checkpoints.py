@@ -74,7 +74,9 @@ class LastCheckpoint(ModelCheckpoint):
         self.best_model_path = str(self.path)  # before: the checkpoint holds this callback's state
         trainer.save_checkpoint(self.path)
         if trainer.is_global_zero:
-            log.info(f"Saved {self.path} (epoch {trainer.current_epoch}, step {trainer.global_step})")
+            log.info(
+                f"Saved {self.path} (epoch {trainer.current_epoch}, step {trainer.global_step})"
+            )
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(self)
 

@@ -25,8 +25,8 @@ from omegaconf import DictConfig
 
 from litforge.checkpoints import LastCheckpoint
 from litforge.checks import accelerator_is_cpu
-from litforge.hooks import PreparesRun
 from litforge.elastic import torchrun
+from litforge.hooks import PreparesRun
 
 log = logging.getLogger(__name__)
 
