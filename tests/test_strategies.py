@@ -230,7 +230,7 @@ def test_simulated_slurm_job_runs_both_tasks_into_the_job_folder(tmp_path, idx_d
 HOOKS = "torch.distributed.algorithms.ddp_comm_hooks"
 EXPECTED_STRATEGIES = {
     # option: (class, settings read back from the built strategy)
-    "ddp": ("litforge.strategies.DDPStrategy", {"_start_method": "popen", "_ddp_comm_hook": None}),
+    "ddp": ("litforge.strategies.DDPStrategy", {"_start_method": "popen", "comm_hook": None}),
     "ddp_spawn": ("litforge.strategies.DDPStrategy", {"_start_method": "spawn"}),
     "ddp_fork": ("litforge.strategies.DDPStrategy", {"_start_method": "fork"}),
     "ddp_fp16": ("litforge.strategies.DDPStrategy", {"hook": "fp16_compress_hook"}),
@@ -258,10 +258,10 @@ def test_every_strategy_config_builds_its_strategy(tmp_path, name):
     assert strategy._timeout.total_seconds() == 30 * 60  # a dead peer does not hang forever
     for key, value in settings.items():
         if key == "hook":
-            assert strategy._ddp_comm_hook.__name__ == value
-            assert strategy._ddp_comm_hook.__module__.startswith(HOOKS)
+            assert strategy.comm_hook.__name__ == value
+            assert strategy.comm_hook.__module__.startswith(HOOKS)
         elif key == "rank":
-            assert strategy._ddp_comm_state.matrix_approximation_rank == value
+            assert strategy.comm_state.matrix_approximation_rank == value
         elif key == "sharding":
             assert strategy.sharding_strategy.name == value
             policy = strategy.kwargs["auto_wrap_policy"]  # layer classes become FSDP units

@@ -7,6 +7,7 @@ import functools
 import logging
 import os
 import random
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 class LastCheckpoint(ModelCheckpoint):
     """`last.ckpt` every epoch, on SIGTERM, and every `every_n_train_steps` (against kill -9).
-    Lightning's `save_last` saves only with a monitored checkpoint (Lightning #20245)."""
+    Lightning's `save_last` saves only with a monitored checkpoint (Lightning #20245). A
+    ModelCheckpoint that saves nothing itself (`save_top_k=0`): each save is `save(trainer)`,
+    `trainer.save_checkpoint` on every process."""
 
     def __init__(self, dirpath: str, every_n_train_steps: int | None = None) -> None:
         if every_n_train_steps is not None:
@@ -57,23 +60,35 @@ class LastCheckpoint(ModelCheckpoint):
             dirpath=dirpath,
             filename="last",
             monitor=None,
-            save_top_k=1,
-            save_on_train_epoch_end=True,  # after validation and the epoch's statistics
-            enable_version_counter=False,  # overwrite last.ckpt, never last-v1.ckpt
+            save_top_k=0,  # ModelCheckpoint's own saving off: `save` does it
+            save_on_train_epoch_end=True,
+            enable_version_counter=False,
         )
         self._last_step = -1
+        self._epoch_saved_at_step: int | None = None
         self._saved_on_stop = False
 
     @property
     def path(self) -> Path:
         return Path(self.dirpath) / f"{self.filename}{self.FILE_EXTENSION}"
 
-    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
-        super()._save_checkpoint(trainer, filepath)
+    def save(self, trainer: L.Trainer) -> None:
+        """Write last.ckpt now (every process takes part: sharded strategies write together)."""
+        self.best_model_path = str(self.path)  # before: the checkpoint holds this callback's state
+        trainer.save_checkpoint(self.path)
         if trainer.is_global_zero:
             log.info(
-                f"Saved {filepath} (epoch {trainer.current_epoch}, step {trainer.global_step})"
+                f"Saved {self.path} (epoch {trainer.current_epoch}, step {trainer.global_step})"
             )
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(self)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After validation and the epoch's statistics (Lightning calls checkpoint callbacks last);
+        # not in a fast_dev_run, nor twice at one step (an epoch that made no step).
+        if not trainer.fast_dev_run and self._epoch_saved_at_step != trainer.global_step:
+            self._epoch_saved_at_step = trainer.global_step
+            self.save(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
@@ -85,7 +100,7 @@ class LastCheckpoint(ModelCheckpoint):
             and batch_idx + 1 < trainer.num_training_batches  # else the epoch's save follows
         ):
             self._last_step = step
-            self._save_checkpoint(trainer, str(self.path))
+            self.save(trainer)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         # Not when testing (the weights are then those of the best checkpoint), nor twice: a
@@ -93,7 +108,7 @@ class LastCheckpoint(ModelCheckpoint):
         fitting = trainer.state.fn == TrainerFn.FITTING
         if isinstance(exception, SIGTERMException) and fitting and not self._saved_on_stop:
             self._saved_on_stop = True
-            self._save_checkpoint(trainer, str(self.path))
+            self.save(trainer)
 
 
 class ResumeState(L.Callback):
@@ -127,6 +142,19 @@ def is_whole(folder: Path) -> bool:
     return (folder / ".metadata").is_file() and (folder / "meta.pt").is_file()
 
 
+def _read_shards(folder: Path) -> dict[str, Any]:
+    """A folder of shards (torch.distributed.checkpoint, with Lightning's meta.pt) as one dict,
+    through torch's public converter to a single file (written to a temporary folder)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory(prefix="litforge-shards-") as temporary:
+        whole = Path(temporary) / "checkpoint.pt"
+        dcp_to_torch_save(folder, whole)
+        checkpoint = torch.load(whole, map_location="cpu", weights_only=True)
+    checkpoint.update(torch.load(folder / "meta.pt", map_location="cpu", weights_only=True))
+    return checkpoint
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """The checkpoint in `path` (a file, or a folder of shards), or a UserError saying why not."""
     path = Path(path).expanduser()
@@ -155,10 +183,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
                 )
     try:
         if path.is_dir():
-            # Private: torch can't read shards without a process group publicly (pytorch #125777).
-            from lightning.fabric.utilities.load import _load_distributed_checkpoint
-
-            checkpoint = _load_distributed_checkpoint(path)
+            checkpoint = _read_shards(path)
         else:  # mmap: tensors are read when used, so checking a large checkpoint costs little
             checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # torch.load raises many kinds on foreign bytes

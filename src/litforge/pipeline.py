@@ -24,9 +24,12 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from litforge import checkpoints, resume
+from litforge.callbacks import LogRunConfig
 from litforge.checks import accelerator_is_cpu, check_config
 from litforge.console import print_config, print_metrics, quiet_lightning
 from litforge.errors import UserError, one_line
+from litforge.hooks import ChecksFit, LogsRunFiles, PreparesRun
+from litforge.strategies import ReportsLostProcesses
 
 log = logging.getLogger(__name__)
 # Here too: a ddp_spawn worker imports this module (NoProfiler) and runs the training loops.
@@ -81,18 +84,25 @@ def describe_run(cfg: DictConfig) -> None:
 
 
 def prepare_run(cfg: DictConfig) -> None:
-    """Call the `prepare_run(cfg)` class method of each class the strategy and callbacks name: a
-    feature's own config checks and set-up, before anything is read or built. And the network's,
-    when training: it may fill in data settings it needs (a pretrained network's image size)."""
+    """Call `prepare_run(cfg)` on each class the strategy and callbacks name that is a
+    `hooks.PreparesRun`: a feature's own config checks and set-up, before anything is read or
+    built. And the network's, when training: it may fill in data settings it needs (a pretrained
+    network's image size)."""
     network = cfg.model.get("net") if cfg.get("train") and cfg.get("model") else None
     for entry in [cfg.get("strategy"), network, *(cfg.get("callbacks") or {}).values()]:
-        target = entry.get("_target_") if OmegaConf.is_dict(entry) else None
-        try:
-            cls = hydra.utils.get_class(target) if target else None
-        except Exception:  # not a class, or not importable: instantiating it says so, by its key
-            continue
-        if callable(prepare := getattr(cls, "prepare_run", None)):
-            prepare(cfg)
+        cls = _target_class(entry)
+        if isinstance(cls, type) and issubclass(cls, PreparesRun):
+            cls.prepare_run(cfg)
+
+
+def _target_class(entry: Any) -> Any:
+    """What a config entry's `_target_` names; None when it names nothing importable (then
+    instantiating it says so, by its key)."""
+    target = entry.get("_target_") if OmegaConf.is_dict(entry) else None
+    try:
+        return hydra.utils.get_class(target) if target else None
+    except Exception:
+        return None
 
 
 def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
@@ -109,13 +119,28 @@ def build_model(cfg: DictConfig, datamodule: L.LightningDataModule) -> L.Lightni
     return model
 
 
-def _instantiate_entries(group: DictConfig | None, **fill: Any) -> list[Any]:
-    """The group's entries but null ones (off); a `???` argument named in `fill` gets its value."""
-    return [
-        instantiate(entry, **{k: v for k, v in fill.items() if OmegaConf.is_missing(entry, k)})
-        for entry in (group or {}).values()
-        if entry and "_target_" in entry
-    ]
+def _instantiate_entries(group: DictConfig | None) -> list[Any]:
+    """The group's entries but null ones (off)."""
+    return [instantiate(entry) for entry in _entries(group)]
+
+
+def _entries(group: DictConfig | None) -> list[DictConfig]:
+    return [entry for entry in (group or {}).values() if entry and "_target_" in entry]
+
+
+def build_callbacks(cfg: DictConfig) -> list[L.Callback]:
+    """The callbacks the config lists; `LogRunConfig` (and its subclasses) get the resolved run
+    config as `run_config` (a config cannot hold itself: its yaml says `run_config: ???`)."""
+    resolved = None
+    callbacks = []
+    for entry in _entries(cfg.get("callbacks")):
+        cls = _target_class(entry)
+        if isinstance(cls, type) and issubclass(cls, LogRunConfig):
+            resolved = resolved or OmegaConf.to_container(cfg, resolve=True)
+            callbacks.append(instantiate(entry, run_config=resolved))
+        else:
+            callbacks.append(instantiate(entry))
+    return callbacks
 
 
 class NoProfiler(PassThroughProfiler):
@@ -129,8 +154,7 @@ class NoProfiler(PassThroughProfiler):
 
 
 def build_trainer(cfg: DictConfig) -> L.Trainer:
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    callbacks = _instantiate_entries(cfg.get("callbacks"), run_config=resolved)
+    callbacks = build_callbacks(cfg)
     loggers = _instantiate_entries(cfg.get("logger"))
     if not loggers and any(isinstance(cb, LearningRateMonitor) for cb in callbacks):
         # Lightning refuses a LearningRateMonitor without a logger (Lightning #17159, open).
@@ -170,8 +194,8 @@ def fit(trainer: L.Trainer, model: L.LightningModule, datamodule, ckpt_path=None
         with resume.stopped_by_sigterm(trainer, "training"):
             trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     except Exception as err:
-        describe = getattr(trainer.strategy, "lost_process", None)
-        if lost := describe and describe(err):
+        strategy = trainer.strategy
+        if isinstance(strategy, ReportsLostProcesses) and (lost := strategy.lost_process(err)):
             # torchrun stops the others with SIGTERM: Lightning's handler would fail again here.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             raise UserError(lost) from err
@@ -202,8 +226,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         ckpt_path, checkpoint = resume.checked_checkpoint(
             ckpt_path, cfg.paths.output_dir, model, datamodule.hparams.get("name"), fitting, sharded
         )
-    if check_fit := getattr(trainer.strategy, "check_fit", None):  # before processes start
-        check_fit(model, ckpt_path if fitting else None)
+    if isinstance(trainer.strategy, ChecksFit):  # before processes start
+        trainer.strategy.check_fit(model, ckpt_path if fitting else None)
     metrics: dict[str, float] = {}
     if fitting:
         fit(trainer, model, datamodule, ckpt_path=ckpt_path)
@@ -286,8 +310,8 @@ def finish(cfg: DictConfig, trainer: L.Trainer, metrics: dict[str, float]) -> di
         (output_dir / "metrics.json").write_text(metrics_json + "\n")
         best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else None
         for logger in trainer.loggers:  # loggers that keep files: MLflow's
-            if callable(log_run_files := getattr(logger, "log_run_files", None)):
-                log_run_files(output_dir, best)
+            if isinstance(logger, LogsRunFiles):
+                logger.log_run_files(output_dir, best)
         print_metrics(metrics, output_dir)
     return metrics
 

@@ -1,19 +1,13 @@
-"""DDP with its communication hook on every device; a lost process named in one line (for the
-feature folders' strategies too). A strategy may check its settings (class method `prepare_run`)
-and the model and checkpoint before its processes start (`check_fit(model, ckpt_path)`)."""
+"""DDP with its gradient communication hook on every device, and how a strategy (the feature
+folders' too) names a lost process in one line (`ReportsLostProcesses`). What else the pipeline
+calls on a strategy: `hooks.PreparesRun` (its settings), `hooks.ChecksFit` (model, checkpoint)."""
 
 import logging
-import os
 import re
 import signal
-import time
-from typing import Any
 
 import torch
-from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
-from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 from lightning.pytorch.strategies import DDPStrategy as _LightningDDPStrategy
-from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 
 from litforge.runs import how_to_resume
 
@@ -23,20 +17,27 @@ COMMUNICATION_ERRORS = ("gloo", "NCCL", "Connection reset", "Connection closed",
 
 
 class ReportsLostProcesses:
-    """`lost_process(exception)` names the lost process rather than the communication error it
-    left behind (gloo: "Connection reset by peer"), worked out in `on_exception` before Lightning
-    stops the processes this one started. A hung process is bounded by `timeout`."""
+    """`lost_process(exception)`: the line `pipeline.fit` ends the job with when a process of it
+    was lost, naming that process rather than the communication error it left behind (gloo:
+    "Connection reset by peer"); None for any other error. Worked out in `on_exception` (the
+    Strategy's hook), before Lightning stops the processes this one started. A hung process is
+    bounded by the strategy's `timeout`.
 
-    _lost: str | None = None
-    already_lost: frozenset[int] = frozenset()  # ranks the job went on without (parameter_server)
+    Under Lightning's own launcher (`python train.py` with several devices) the line comes when
+    this process sees the lost contact before Lightning's watch over the processes it started,
+    which SIGKILLs the whole job within 5 s of one dying; the parameter server's launcher leaves
+    it time (`litforge.parameter_server`). Under torchrun or SLURM nothing races it."""
+
+    _lost_line: str | None = None
+    already_lost: frozenset[int] = frozenset()  # ranks the job went on without and knows of
 
     def on_exception(self, exception: BaseException) -> None:
         super().on_exception(exception)
-        self._lost = self.lost_process(exception)
+        self._lost_line = self.lost_process(exception)
 
     def lost_process(self, exception: BaseException) -> str | None:
-        if self._lost:
-            return self._lost
+        if self._lost_line:
+            return self._lost_line
         children = getattr(self.launcher, "procs", None) or []  # started by this process
         dead = [
             (rank, process, code)
@@ -62,43 +63,6 @@ class ReportsLostProcesses:
     def process_name(self, rank: int) -> str:
         return f"rank {rank}"
 
-    def watched_processes(self, children: list) -> list:
-        """The processes this one started whose death ends the job (ReportingLauncher)."""
-        return children
-
-    def _configure_launcher(self) -> None:
-        super()._configure_launcher()
-        if type(self._launcher) is _SubprocessScriptLauncher:  # `python train.py` starts them
-            self._launcher = ReportingLauncher(self)
-
-
-class _LostProcessObserver(_ChildProcessObserver):
-    """Lightning's watch SIGKILLs all processes, this one too, within 5 s of one dying, without a
-    word; this one first leaves `grace` seconds to name the lost one and stop."""
-
-    grace = 10.0
-
-    def _terminate_all(self) -> None:
-        time.sleep(self.grace)
-        super()._terminate_all()
-
-
-class ReportingLauncher(_SubprocessScriptLauncher):
-    """Lightning's, with `_LostProcessObserver` over the processes the strategy says end the job."""
-
-    def __init__(self, strategy: ReportsLostProcesses) -> None:
-        super().__init__(strategy.cluster_environment, strategy.num_processes, strategy.num_nodes)
-        self.strategy = strategy
-
-    def launch(self, function, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
-        self.cluster_environment.validate_settings(self.num_processes, self.num_nodes)
-        if not self.cluster_environment.creates_processes_externally:
-            self._call_children_scripts()
-            if watched := self.strategy.watched_processes(self.procs):
-                _LostProcessObserver(main_pid=os.getpid(), child_processes=watched).start()
-        _set_num_threads_if_needed(num_processes=self.num_processes)
-        return function(*args, **kwargs)
-
 
 def _what_failed(exception: BaseException) -> str:
     """Its first sentence, without gloo's source location."""
@@ -115,15 +79,41 @@ def _is_communication_error(exception: BaseException) -> bool:
 
 class DDPStrategy(ReportsLostProcesses, _LightningDDPStrategy):
     """Lightning (2.6.6) registers `ddp_comm_hook` (fp16, bf16, PowerSGD) only on CUDA and drops
-    it silently otherwise; torch runs these hooks on gloo too."""
+    it silently otherwise; torch runs these hooks on gloo too: registered here once the model is
+    wrapped (`configure_ddp`), with torch's `DistributedDataParallel.register_comm_hook`."""
 
-    def _register_ddp_hooks(self) -> None:
-        if self._ddp_comm_hook is None:
+    def __init__(
+        self,
+        *args,
+        ddp_comm_state: object | None = None,
+        ddp_comm_hook=None,
+        ddp_comm_wrapper=None,
+        **kwargs,
+    ) -> None:
+        super().__init__(
+            *args,
+            ddp_comm_state=ddp_comm_state,
+            ddp_comm_hook=ddp_comm_hook,
+            ddp_comm_wrapper=ddp_comm_wrapper,
+            **kwargs,
+        )
+        self.comm_state, self.comm_hook, self.comm_wrapper = (
+            ddp_comm_state,
+            ddp_comm_hook,
+            ddp_comm_wrapper,
+        )
+
+    def configure_ddp(self) -> None:
+        super().configure_ddp()  # on CUDA, Lightning registers the hook (wrappers included)
+        if self.comm_hook is None:
             return
-        if self.root_device.type == "cuda":  # Lightning's own path, wrappers included
-            super()._register_ddp_hooks()
-        else:
-            self.model.register_comm_hook(self._ddp_comm_state, self._ddp_comm_hook)
-        attached = self.model._get_ddp_logging_data().get("comm_hook", "none")
+        if self.root_device.type != "cuda":
+            wrap = self.comm_wrapper
+            hook = self.comm_hook if wrap is None else wrap(self.comm_hook)
+            self.model.register_comm_hook(self.comm_state, hook)
         if self.global_rank == 0:
-            log.info("DDP gradient communication hook attached: %s", attached)
+            log.info("DDP gradient communication hook attached: %s", _name(self.comm_hook))
+
+
+def _name(hook) -> str:
+    return getattr(hook, "__name__", None) or type(hook).__name__

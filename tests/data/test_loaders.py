@@ -76,3 +76,31 @@ def test_horizontal_flip_mirrors_about_half():
     unchanged = [torch.equal(o, i) for o, i in zip(out, x, strict=True)]
     assert all(f or u for f, u in zip(flipped, unchanged, strict=True))
     assert 70 < sum(flipped) < 130
+
+
+def test_mix_draws_resume_mid_epoch_through_the_datamodule_state():
+    # data.mix seeds each batch by its place in the epoch, which the datamodule counts and
+    # Lightning checkpoints (its state_dict): a run resumed mid-epoch blends as if uninterrupted.
+    from types import SimpleNamespace
+
+    from litforge.data.mnist import MNISTDataModule
+
+    def datamodule(**settings):
+        dm = MNISTDataModule(seed=3, **settings)
+        dm.trainer = SimpleNamespace(training=True, current_epoch=1, global_rank=0)
+        return dm
+
+    batches = [(torch.rand(4, 1, 28, 28), torch.arange(4)) for _ in range(4)]
+    whole = datamodule(mix="mixup")
+    expected = [whole.on_after_batch_transfer(b, 0)[0] for b in batches]
+    first = datamodule(mix="mixup")
+    for b in batches[:2]:
+        first.on_after_batch_transfer(b, 0)
+    resumed = datamodule(mix="mixup")
+    resumed.load_state_dict(first.state_dict())
+    for b, want in zip(batches[2:], expected[2:], strict=True):
+        torch.testing.assert_close(resumed.on_after_batch_transfer(b, 0)[0], want)
+    resumed.trainer.current_epoch = 2  # a new epoch counts from its first batch
+    assert resumed.on_after_batch_transfer(batches[0], 0) is not None
+    assert resumed.state_dict() == {"epoch": 2, "batches": 1}
+    assert datamodule().state_dict() == {}  # nothing to checkpoint without data.mix

@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from litforge.errors import UserError
+from litforge.hooks import PreparesRun
 
 log = logging.getLogger(__name__)
 # timm.create_model's arguments that read a file or fetch one: a checkpoint, which is data, holds
@@ -76,7 +77,7 @@ def data_config(model_name: str) -> dict[str, Any]:
     return resolve_data_config(pretrained_cfg=pretrained.to_dict() if pretrained else {})
 
 
-class TimmNet(nn.Module):
+class TimmNet(PreparesRun, nn.Module):
     """timm's `model_name` with `num_classes=0` (pooled features) as `backbone`, then a linear
     `head`. `input_shape` (C, H, W) and `num_classes` come from the datamodule: weights trained on
     RGB images take gray ones too (timm adapts the first convolution to `in_chans`).

@@ -79,6 +79,16 @@ class DataModule(L.LightningDataModule):
         self.inspect()
         return torch.zeros(2, *self.input_shape)
 
+    # `data.mix`: the training batches of the current epoch blended so far (checkpointed by
+    # Lightning through `state_dict`: a run resumed mid-epoch goes on with the same draws).
+    mixed = {"epoch": -1, "batches": 0}
+
+    def state_dict(self) -> dict[str, int]:
+        return dict(self.mixed) if self.hparams.get("mix") else {}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        self.mixed = {"epoch": int(state_dict["epoch"]), "batches": int(state_dict["batches"])}
+
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """`data.mix`: training batches blended by MixUp, CutMix or either (`both`), on the
         device; their labels become per-class probabilities."""
@@ -92,9 +102,11 @@ class DataModule(L.LightningDataModule):
             mixes = {"mixup": v2.MixUp(**given), "cutmix": v2.CutMix(**given)}
             mixes["both"] = v2.RandomChoice(list(mixes.values()))
             self._mix = mixes[hp.mix]
-        # Seeded by the batch: `ready` counts the batches before it this epoch, resumed runs too.
-        batch_index = trainer.fit_loop.epoch_loop.batch_progress.current.ready
-        with seeded(hp.seed or 0, trainer.current_epoch, batch_index, trainer.global_rank):
+        # Seeded by the batch: the batches before it this epoch, resumed runs too.
+        epoch = trainer.current_epoch
+        batch_index = self.mixed["batches"] if self.mixed["epoch"] == epoch else 0
+        self.mixed = {"epoch": epoch, "batches": batch_index + 1}
+        with seeded(hp.seed or 0, epoch, batch_index, trainer.global_rank):
             return self._mix(*batch)
 
     def shard(self) -> dict[str, int]:

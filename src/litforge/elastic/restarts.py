@@ -26,11 +26,12 @@ from omegaconf import DictConfig
 from litforge.checkpoints import LastCheckpoint
 from litforge.checks import accelerator_is_cpu
 from litforge.elastic import torchrun
+from litforge.hooks import PreparesRun
 
 log = logging.getLogger(__name__)
 
 
-class Restarts(L.Callback):
+class Restarts(PreparesRun, L.Callback):
     """Under torchrun, the restart-safe process group (`prepare_run`). Under SLURM, on the job's
     warning signal before its time limit (`#SBATCH --signal=SIGUSR1@120` in
     scripts/slurm.sbatch): stop after the current batch, save `last.ckpt` as on SIGTERM

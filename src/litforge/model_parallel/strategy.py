@@ -16,12 +16,15 @@ from lightning.pytorch.strategies import ModelParallelStrategy as _LightningMode
 from omegaconf import DictConfig, OmegaConf
 
 from litforge.errors import UserError, number_problem
+from litforge.hooks import ChecksFit, PreparesRun
 from litforge.model_parallel.parallelize import count_blocks, has_plan, parallelize
 from litforge.model_parallel.stages import SCHEDULES, Stages, num_stages
 from litforge.strategies import ReportsLostProcesses
 
 
-class ModelParallelStrategy(ReportsLostProcesses, _LightningModelParallelStrategy):
+class ModelParallelStrategy(
+    ReportsLostProcesses, PreparesRun, ChecksFit, _LightningModelParallelStrategy
+):
     """Lightning's ModelParallelStrategy, with pipeline parallelism as a third mesh dimension.
 
     The device mesh is `pipeline_parallel` × `data_parallel` × `tensor_parallel` (Lightning's is

@@ -31,18 +31,23 @@ import os
 import signal
 import sys
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 from lightning.pytorch.strategies import DDPStrategy as _LightningDDPStrategy
+from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from litforge.errors import UserError, number_problem
+from litforge.hooks import PreparesRun
 from litforge.runs import restarting_launcher
 from litforge.strategies import ReportsLostProcesses
 
@@ -500,7 +505,41 @@ class SharesRankZeroBuffers:
                 torch.distributed.broadcast(buffer, src=0)
 
 
-class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _LightningDDPStrategy):
+class _LostProcessObserver(_ChildProcessObserver):
+    """Lightning's watch SIGKILLs all processes, this one too, within 5 s of one dying, without a
+    word; this one first leaves `grace` seconds to name the lost one and stop."""
+
+    grace = 10.0
+
+    def _terminate_all(self) -> None:
+        time.sleep(self.grace)
+        super()._terminate_all()
+
+
+class ReportingLauncher(_SubprocessScriptLauncher):
+    """Lightning's launcher (its `launch`, copied), with `_LostProcessObserver` over the processes
+    whose death ends the job (`ParameterServerStrategy.watched_processes`): async training goes
+    on without a lost worker, which Lightning's watch would not allow. Private Lightning API:
+    no public way sets a strategy's launcher or its watch (Lightning #17248, open; the watch came
+    with #18218)."""
+
+    def __init__(self, strategy: ParameterServerStrategy) -> None:
+        super().__init__(strategy.cluster_environment, strategy.num_processes, strategy.num_nodes)
+        self.strategy = strategy
+
+    def launch(self, function, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
+        self.cluster_environment.validate_settings(self.num_processes, self.num_nodes)
+        if not self.cluster_environment.creates_processes_externally:
+            self._call_children_scripts()
+            if watched := self.strategy.watched_processes(self.procs):
+                _LostProcessObserver(main_pid=os.getpid(), child_processes=watched).start()
+        _set_num_threads_if_needed(num_processes=self.num_processes)
+        return function(*args, **kwargs)
+
+
+class ParameterServerStrategy(
+    ReportsLostProcesses, SharesRankZeroBuffers, PreparesRun, _LightningDDPStrategy
+):
     """Lightning's DDP launcher and process group for the workers; servers instead of DDP's
     all-reduce (see the module's docstring). `trainer.devices × trainer.num_nodes` processes:
     the last `num_servers` serve, the rest train."""
@@ -693,8 +732,14 @@ class ParameterServerStrategy(ReportsLostProcesses, SharesRankZeroBuffers, _Ligh
         sys.stderr.flush()
         os._exit(status)
 
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        if type(self._launcher) is _SubprocessScriptLauncher:  # `python train.py` starts them
+            self._launcher = ReportingLauncher(self)
+
     def watched_processes(self, children: list) -> list:
-        """Async training goes on without a lost worker: only a server's death ends the job."""
+        """The processes this one started whose death ends the job (`ReportingLauncher`). Async
+        training goes on without a lost worker: only a server's death ends it."""
         if self.mode != "async":
             return children
         first = self.node_rank * self.num_processes + 1  # the children's job ranks

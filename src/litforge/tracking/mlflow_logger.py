@@ -9,9 +9,10 @@ from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
 from lightning.pytorch.loggers import MLFlowLogger as _LightningMLFlowLogger
 
 from litforge.errors import UserError
+from litforge.hooks import LogsRunFiles
 
 
-class MLFlowLogger(_LightningMLFlowLogger):
+class MLFlowLogger(LogsRunFiles, _LightningMLFlowLogger):
     """Lightning's, named after the run folder (or `run_name`), which also sends the run's files
     at its end (`log_run_files`: metrics.json, the plots, the best checkpoint if asked for). A
     local SQLite store keeps its artifacts beside it. A resumed run (`resume_from`) goes on in

@@ -1,0 +1,102 @@
+"""No private Lightning API in the core (src/litforge/*.py, models/, data/): every Lightning
+upgrade would otherwise be an audit. Feature folders may use it where nothing public serves, with a
+comment naming the upstream issue."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "litforge"
+CORE = sorted(
+    [*SRC.glob("*.py"), *(SRC / "models").glob("*.py"), *(SRC / "data").glob("*.py")],
+    key=lambda p: str(p),
+)
+LIGHTNING = ("lightning", "pytorch_lightning", "lightning_fabric")
+# Lightning internals reached through public objects (trainer, strategy, loops, callbacks), and
+# private methods a subclass would override.
+PRIVATE_ATTRIBUTES = {
+    "_logger_connector",
+    "_trainer",
+    "fit_loop",
+    "_launcher",
+    "_configure_launcher",
+    "_save_checkpoint",
+    "_extract_stats",
+    "_register_ddp_hooks",
+    "_get_ddp_logging_data",
+    "_combined_loader",
+    "_skip_backward",
+    "batch_progress",
+}
+# Being reworked elsewhere (issue 40: the module as Lightning's docs write it); remove the mark
+# once callbacks.py and classifier.py no longer reach into Lightning.
+PENDING = {"callbacks.py", "classifier.py"}
+
+
+def private_uses(text: str, name: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(text, filename=name)):
+        where = f"{name}:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in LIGHTNING:
+            parts = node.module.split(".")
+            names = [a.name for a in node.names if a.name.startswith("_")]
+            if any(p.startswith("_") for p in parts) or names:
+                found.append(f"{where}: from {node.module} import {', '.join(names) or '...'}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] in LIGHTNING and any(p.startswith("_") for p in parts):
+                    found.append(f"{where}: import {alias.name}")
+        elif isinstance(node, ast.Attribute) and node.attr in PRIVATE_ATTRIBUTES:
+            found.append(f"{where}: .{node.attr}")
+        elif isinstance(node, ast.FunctionDef) and node.name in PRIVATE_ATTRIBUTES:
+            found.append(f"{where}: def {node.name} (overrides Lightning's private method)")
+    return found
+
+
+def test_the_core_is_what_this_test_reads():
+    names = {p.name for p in CORE}
+    assert {"pipeline.py", "strategies.py", "checkpoints.py", "base.py", "classifier.py"} <= names
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(
+            p,
+            id=str(p.relative_to(SRC)),
+            marks=[pytest.mark.xfail(reason="being reworked (issue 40)", strict=False)]
+            if p.name in PENDING
+            else [],
+        )
+        for p in CORE
+    ],
+)
+def test_no_private_lightning_api_in_the_core(path):
+    assert private_uses(path.read_text(), str(path.relative_to(SRC.parent))) == []
+
+
+def test_the_check_finds_what_it_looks_for():
+    text = (
+        "from lightning.fabric.utilities.load import _load_distributed_checkpoint\n"
+        "import lightning.pytorch.loops._utils\n"
+        "from lightning.pytorch.trainer.connectors.logger_connector import result\n"
+        "def f(trainer, module):\n"
+        "    trainer.fit_loop.epoch_loop.batch_progress.current.ready\n"
+        "    module._trainer._logger_connector\n"
+        "class C:\n"
+        "    def _save_checkpoint(self, trainer, path): ...\n"
+    )
+    found = private_uses(text, "sample.py")
+    assert sorted(line.split(": ", 1)[1] for line in found) == sorted(
+        [
+            "from lightning.fabric.utilities.load import _load_distributed_checkpoint",
+            "import lightning.pytorch.loops._utils",
+            "def _save_checkpoint (overrides Lightning's private method)",
+            ".batch_progress",
+            "._logger_connector",
+            "._trainer",
+            ".fit_loop",
+        ]
+    )
