@@ -29,9 +29,6 @@ PRIVATE_ATTRIBUTES = {
     "_skip_backward",
     "batch_progress",
 }
-# Being reworked elsewhere (issue 40: the module as Lightning's docs write it); remove the mark
-# once callbacks.py and classifier.py no longer reach into Lightning.
-PENDING = {"callbacks.py", "classifier.py"}
 
 
 def private_uses(text: str, name: str) -> list[str]:
@@ -60,19 +57,7 @@ def test_the_core_is_what_this_test_reads():
     assert {"pipeline.py", "strategies.py", "checkpoints.py", "base.py", "classifier.py"} <= names
 
 
-@pytest.mark.parametrize(
-    "path",
-    [
-        pytest.param(
-            p,
-            id=str(p.relative_to(SRC)),
-            marks=[pytest.mark.xfail(reason="being reworked (issue 40)", strict=False)]
-            if p.name in PENDING
-            else [],
-        )
-        for p in CORE
-    ],
-)
+@pytest.mark.parametrize("path", CORE, ids=lambda p: str(p.relative_to(SRC)))
 def test_no_private_lightning_api_in_the_core(path):
     assert private_uses(path.read_text(), str(path.relative_to(SRC.parent))) == []
 
