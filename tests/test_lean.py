@@ -112,7 +112,8 @@ def assert_only_kept(tree: Path, kept: set[str], result: subprocess.CompletedPro
         assert f"dropped: {name}" in result.stdout
 
     pyproject = tomllib.loads((tree / "pyproject.toml").read_text())
-    assert set(pyproject["tool"].get("litforge", {}).get("features", {})) == kept
+    manifest = set(pyproject["tool"].get("litforge", {}).get("features", {}))
+    assert manifest == (kept if "lean" in kept else set())  # lean.py gone: its manifest too
     gone_extras = {e for name in set(FEATURES) - kept for e in FEATURES[name]["extras"]}
     extras = pyproject["project"]["optional-dependencies"]
     assert set(extras) == set(EXTRAS) - gone_extras
@@ -142,10 +143,69 @@ def core(tmp_path_factory):
     return SimpleNamespace(tree=tree, result=lean(tree))
 
 
+# Where a lean copy must not name a feature it left out (its tests and benchmarks may: a test
+# that checks a feature is absent names it)
+SEARCHED = ["src", "conf", "docs", "README.md", "Makefile", ".ci", "pyproject.toml"]
+
+
+def feature_words(tree: Path, dropped: set[str]) -> list[str]:
+    """`file:line: word` for each word of a dropped feature's `names` in the searched files."""
+    words = sorted({(w, name) for name in dropped for w in FEATURES[name].get("names", [])})
+    found = []
+    for top in SEARCHED:
+        files = sorted((tree / top).rglob("*")) if (tree / top).is_dir() else [tree / top]
+        for path in files:
+            if not path.is_file() or path.suffix in (".png", ".jpg", ".pyc"):
+                continue
+            lines = path.read_text(errors="ignore").splitlines()
+            for number, line in enumerate(lines, 1):
+                for word, name in words:
+                    if word in line:
+                        found.append(f"{path.relative_to(tree)}:{number}: {word} ({name})")
+    return found
+
+
+def test_every_feature_has_names():
+    for name, feature in FEATURES.items():
+        assert feature.get("names"), f"[tool.litforge.features.{name}] lists no names"
+        for word in feature["names"]:  # the feature's own files do use them
+            files = [p for p in feature_paths(name) if (ROOT / p).is_file()]
+            folders = [ROOT / p for p in feature_paths(name) if (ROOT / p).is_dir()]
+            texts = [(ROOT / p).read_text(errors="ignore") for p in files]
+            texts += [f.read_text(errors="ignore") for d in folders for f in d.rglob("*.*")]
+            texts += [(ROOT / t).read_text(errors="ignore") for t in ("README.md", "pyproject.toml")]
+            texts += [p.read_text() for p in (ROOT / "docs").glob("*.md")]
+            assert any(word in text for text in texts), f"{name}: {word!r} is used nowhere"
+
+
+def test_the_core_copy_names_no_feature(core):
+    """No word of a left-out feature (its `names` in the manifest) in the copy's code, configs,
+    docs, README, Makefile or CI: a mention left behind is marked or reworded."""
+    assert core.result.returncode == 0, core.result.stderr
+    found = feature_words(core.tree, set(FEATURES))
+    assert not found, "words of features the copy left out:\n" + "\n".join(found)
+
+
+def test_the_core_copys_make_targets_use_files_it_has(core):
+    """`make help` lists the copy's targets, and every file a recipe names is in the copy."""
+    makefile = (core.tree / "Makefile").read_text()
+    listed = subprocess.run(["make", "-s", "help"], cwd=core.tree, capture_output=True, text=True)
+    if listed.returncode == 0:  # (no make on this machine: the rules alone)
+        targets = re.findall(r"^([a-z][a-z-]*):.*## ", makefile, flags=re.M)
+        assert [line.split()[1] for line in listed.stdout.splitlines()] == targets
+    for rule in re.split(r"\n(?=[^\t\n#])", makefile):
+        recipe = [line for line in rule.splitlines()[1:] if line.startswith("\t")]
+        for path in re.findall(r"(?<![\w./$-])((?:[\w-]+/)+[\w.-]+\.\w+)", "\n".join(recipe)):
+            assert (core.tree / path).exists(), f"Makefile: {rule.splitlines()[0]} uses {path}"
+
+
 def test_the_core_copy_has_no_feature(core):
     assert_only_kept(core.tree, set(), core.result)
     assert (core.tree / "src" / "litforge" / "pipeline.py").is_file()
-    assert (core.tree / "scripts" / "lean.py").is_file()
+    for path in ("scripts/lean.py", "tests/test_lean.py", ".ci/lean"):  # lean.py itself: gone
+        assert not (core.tree / path).exists(), path
+    assert "\nlean:" not in (core.tree / "Makefile").read_text()
+    assert "tool.litforge" not in (core.tree / "pyproject.toml").read_text()
     assert not (core.tree / "src" / "hydra_plugins").exists()
     makefile = (core.tree / "Makefile").read_text()
     assert "bench-pipeline" not in makefile and "benchmarks/inference.py" not in makefile
