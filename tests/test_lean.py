@@ -166,15 +166,18 @@ def feature_words(tree: Path, dropped: set[str]) -> list[str]:
 
 
 def test_every_feature_has_names():
+    """Each feature lists the words that name it, and each word is in use (its own files, the
+    README, pyproject.toml or the docs): a misspelt one would find nothing."""
+    shared = [(ROOT / t).read_text() for t in ("README.md", "pyproject.toml")]
+    shared += [p.read_text() for p in (ROOT / "docs").glob("*.md")]
     for name, feature in FEATURES.items():
         assert feature.get("names"), f"[tool.litforge.features.{name}] lists no names"
-        for word in feature["names"]:  # the feature's own files do use them
-            files = [p for p in feature_paths(name) if (ROOT / p).is_file()]
-            folders = [ROOT / p for p in feature_paths(name) if (ROOT / p).is_dir()]
-            texts = [(ROOT / p).read_text(errors="ignore") for p in files]
-            texts += [f.read_text(errors="ignore") for d in folders for f in d.rglob("*.*")]
-            texts += [(ROOT / t).read_text(errors="ignore") for t in ("README.md", "pyproject.toml")]
-            texts += [p.read_text() for p in (ROOT / "docs").glob("*.md")]
+        own = [ROOT / p for p in feature_paths(name)]
+        files = [p for p in own if p.is_file()] + [
+            f for d in own if d.is_dir() for f in d.rglob("*")
+        ]
+        texts = shared + [f.read_text(errors="ignore") for f in files if f.is_file()]
+        for word in feature["names"]:
             assert any(word in text for text in texts), f"{name}: {word!r} is used nowhere"
 
 
@@ -295,7 +298,7 @@ def test_an_empty_folder_is_filled(tmp_path):
 def test_an_unknown_feature_is_refused(tmp_path):
     result = lean(tmp_path / "copy", "--keep", "model_paralel")
     assert result.returncode == 1
-    assert "no feature model_paralel: the features are model_parallel" in result.stderr
+    assert "no feature model_paralel: the features are lean, model_parallel," in result.stderr
     assert list(tmp_path.iterdir()) == []
 
 
