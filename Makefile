@@ -8,7 +8,7 @@ ARGS ?=
 .PHONY: help install lock data train test test-fast test-gpu lint bench bench-gpu bench-data bench-inference bench-pipeline bench-ps bench-recovery lean clean
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
 .installed: requirements/dev.txt
 	PYTHON=$(PYTHON) bash scripts/install.sh dev
@@ -41,7 +41,7 @@ lint: .installed  ## ruff and file hygiene through pre-commit
 bench: data  ## s/epoch on 3 workloads and the fixed cost: the template against plain PyTorch
 	$(PYTHON) benchmarks/epoch_time.py
 
-bench-gpu: data  ## on a GPU (else a short CPU run): epochs, host syncs, a whole run, fine-tuning
+bench-gpu: data  ## on a GPU (else a short CPU run): s/epoch, host syncs, a whole run (benchmarks/gpu.py)
 	$(PYTHON) benchmarks/gpu.py $(ARGS)
 
 bench-data: data  ## images per second from image files to batches: torchvision vs the datamodules
@@ -59,8 +59,8 @@ bench-ps: data  ## samples/s of DDP and parameter servers (sync, async) with and
 bench-recovery: data  ## torchrun: seconds from a killed or hung worker to the resumed job's first step
 	$(PYTHON) benchmarks/recovery.py
 
-lean:  ## a copy without the features not kept: make lean DEST=../myproject [KEEP="sweeps deploy"]
-	@test -n "$(DEST)" || { echo 'usage: make lean DEST=../myproject [KEEP="sweeps deploy"]'; exit 2; }
+lean:  ## a copy without the features not kept: make lean DEST=../myproject [KEEP="lean sweeps"]
+	@test -n "$(DEST)" || { echo 'usage: make lean DEST=../myproject [KEEP="lean sweeps"]'; exit 2; }
 	$(PYTHON) scripts/lean.py "$(DEST)" $(foreach feature,$(KEEP),--keep $(feature))
 
 clean:  ## remove run outputs (logs/) and caches; keeps data/

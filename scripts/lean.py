@@ -2,12 +2,15 @@
 
     python scripts/lean.py DEST                                  # the core alone
     python scripts/lean.py DEST --keep sweeps --keep deploy      # the core and two features
+    python scripts/lean.py DEST --keep lean --keep sweeps        # ... able to make leaner copies
     python scripts/lean.py --list                                # the features
-    make lean DEST=../myproject KEEP="sweeps deploy"             # the same through make
+    make lean DEST=../myproject KEEP="lean sweeps deploy"        # the same through make
 
 The features are listed in pyproject.toml, one `[tool.litforge.features.<name>]` table each:
-`paths` (files, and folders ending in /), `extras` (in [project.optional-dependencies]) and a
-one-line `description`. DEST gets the files git tracks, less those of each feature left out, and:
+`paths` (files, and folders ending in /), `extras` (in [project.optional-dependencies]), `names`
+(the words that name the feature: a lean copy's src/, conf/, docs/, README and Makefile must not
+contain those of a feature it left out, tests/test_lean.py checks) and a one-line
+`description`. DEST gets the files git tracks, less those of each feature left out, and:
 
 - pyproject.toml without the feature's table, its extras (and their names in `litforge[...]`
   requirements such as the dev extra's) and its modules in [tool.importlinter] (a contract left
@@ -19,9 +22,13 @@ one-line `description`. DEST gets the files git tracks, less those of each featu
   `# feature: NAME` (in Python: a whole statement on one line, such as an entry of a list); the
   Makefile also without the targets whose recipes use the feature's files.
 
-Kept features keep their markers, so the copy can be made leaner again. DEST must be new or
-empty; the copy is written beside it and renamed, so a failure leaves nothing behind.
-Standard library only (Python >= 3.11; on 3.10 it needs `pip install tomli`).
+This script is a feature too: `lean` (scripts/lean.py, tests/test_lean.py, .ci/lean, the
+`make lean` target and the docs' passages about lean copies). A copy gets it only with
+`--keep lean`; without it the copy has no feature manifest either (no
+`[tool.litforge.features.*]` table: nothing would read one), so a fork starts with a plain
+project. Kept with `lean`, kept features keep their tables and markers, so the copy can be made
+leaner again. DEST must be new or empty; the copy is written beside it and renamed, so a failure
+leaves nothing behind. Standard library only (Python >= 3.11; on 3.10 it needs `pip install tomli`).
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "litforge"  # rename_package.py renames this with everything else
+SELF = "scripts/lean.py"  # the feature that lists it carries the manifest (see the docstring)
 NAME = r"[a-z_][a-z0-9_]*"
 LINE_MARKER = re.compile(rf"#\s*feature:\s*({NAME})\b")
 MD_START = re.compile(rf"<!--\s*feature:\s*({NAME})\s*-->")
@@ -74,6 +82,7 @@ class Feature:
     description: str
     paths: list[str]
     extras: list[str]
+    names: list[str]
 
     def owns(self, path: str) -> bool:
         return any(path == p or (p.endswith("/") and path.startswith(p)) for p in self.paths)
@@ -123,7 +132,10 @@ def read_features(pyproject: dict, tracked: list[str]) -> dict[str, Feature]:
             str(entry.get("description", "")),
             list(entry.get("paths", [])),
             list(entry.get("extras", [])),
+            list(entry.get("names", [])),
         )
+        if not all(isinstance(n, str) and n.strip() for n in feature.names):
+            raise LeanError(f"pyproject.toml: feature {name}: `names` are non-empty strings")
         for p in feature.paths:
             if not any(t == p or (p.endswith("/") and t.startswith(p)) for t in tracked):
                 raise LeanError(
@@ -335,10 +347,11 @@ def lean_pyproject(text: str, features: dict[str, Feature], dropped: set[str]) -
 
         return keep
 
+    manifest_gone = any(features[name].owns(SELF) for name in dropped)  # `lean` left out
     out = []
     for name, block in _blocks(text.splitlines(keepends=True)):
         if name and name.startswith(f"tool.{PACKAGE}.features."):
-            if name.split(".")[3] in dropped:
+            if manifest_gone or name.split(".")[3] in dropped:
                 continue
         elif name == "project.optional-dependencies":
             new = []

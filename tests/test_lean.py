@@ -112,7 +112,8 @@ def assert_only_kept(tree: Path, kept: set[str], result: subprocess.CompletedPro
         assert f"dropped: {name}" in result.stdout
 
     pyproject = tomllib.loads((tree / "pyproject.toml").read_text())
-    assert set(pyproject["tool"].get("litforge", {}).get("features", {})) == kept
+    manifest = set(pyproject["tool"].get("litforge", {}).get("features", {}))
+    assert manifest == (kept if "lean" in kept else set())  # lean.py gone: its manifest too
     gone_extras = {e for name in set(FEATURES) - kept for e in FEATURES[name]["extras"]}
     extras = pyproject["project"]["optional-dependencies"]
     assert set(extras) == set(EXTRAS) - gone_extras
@@ -142,10 +143,72 @@ def core(tmp_path_factory):
     return SimpleNamespace(tree=tree, result=lean(tree))
 
 
+# Where a lean copy must not name a feature it left out (its tests and benchmarks may: a test
+# that checks a feature is absent names it)
+SEARCHED = ["src", "conf", "docs", "README.md", "Makefile", ".ci", "pyproject.toml"]
+
+
+def feature_words(tree: Path, dropped: set[str]) -> list[str]:
+    """`file:line: word` for each word of a dropped feature's `names` in the searched files."""
+    words = sorted({(w, name) for name in dropped for w in FEATURES[name].get("names", [])})
+    found = []
+    for top in SEARCHED:
+        files = sorted((tree / top).rglob("*")) if (tree / top).is_dir() else [tree / top]
+        for path in files:
+            if not path.is_file() or path.suffix in (".png", ".jpg", ".pyc"):
+                continue
+            lines = path.read_text(errors="ignore").splitlines()
+            for number, line in enumerate(lines, 1):
+                for word, name in words:
+                    if word in line:
+                        found.append(f"{path.relative_to(tree)}:{number}: {word} ({name})")
+    return found
+
+
+def test_every_feature_has_names():
+    """Each feature lists the words that name it, and each word is in use (its own files, the
+    README, pyproject.toml or the docs): a misspelt one would find nothing."""
+    shared = [(ROOT / t).read_text() for t in ("README.md", "pyproject.toml")]
+    shared += [p.read_text() for p in (ROOT / "docs").glob("*.md")]
+    for name, feature in FEATURES.items():
+        assert feature.get("names"), f"[tool.litforge.features.{name}] lists no names"
+        own = [ROOT / p for p in feature_paths(name)]
+        files = [p for p in own if p.is_file()] + [
+            f for d in own if d.is_dir() for f in d.rglob("*")
+        ]
+        texts = shared + [f.read_text(errors="ignore") for f in files if f.is_file()]
+        for word in feature["names"]:
+            assert any(word in text for text in texts), f"{name}: {word!r} is used nowhere"
+
+
+def test_the_core_copy_names_no_feature(core):
+    """No word of a left-out feature (its `names` in the manifest) in the copy's code, configs,
+    docs, README, Makefile or CI: a mention left behind is marked or reworded."""
+    assert core.result.returncode == 0, core.result.stderr
+    found = feature_words(core.tree, set(FEATURES))
+    assert not found, "words of features the copy left out:\n" + "\n".join(found)
+
+
+def test_the_core_copys_make_targets_use_files_it_has(core):
+    """`make help` lists the copy's targets, and every file a recipe names is in the copy."""
+    makefile = (core.tree / "Makefile").read_text()
+    listed = subprocess.run(["make", "-s", "help"], cwd=core.tree, capture_output=True, text=True)
+    if listed.returncode == 0:  # (no make on this machine: the rules alone)
+        targets = re.findall(r"^([a-z][a-z-]*):.*## ", makefile, flags=re.M)
+        assert [line.split()[1] for line in listed.stdout.splitlines()] == targets
+    for rule in re.split(r"\n(?=[^\t\n#])", makefile):
+        recipe = [line for line in rule.splitlines()[1:] if line.startswith("\t")]
+        for path in re.findall(r"(?<![\w./$-])((?:[\w-]+/)+[\w.-]+\.\w+)", "\n".join(recipe)):
+            assert (core.tree / path).exists(), f"Makefile: {rule.splitlines()[0]} uses {path}"
+
+
 def test_the_core_copy_has_no_feature(core):
     assert_only_kept(core.tree, set(), core.result)
     assert (core.tree / "src" / "litforge" / "pipeline.py").is_file()
-    assert (core.tree / "scripts" / "lean.py").is_file()
+    for path in ("scripts/lean.py", "tests/test_lean.py", ".ci/lean"):  # lean.py itself: gone
+        assert not (core.tree / path).exists(), path
+    assert "\nlean:" not in (core.tree / "Makefile").read_text()
+    assert "tool.litforge" not in (core.tree / "pyproject.toml").read_text()
     assert not (core.tree / "src" / "hydra_plugins").exists()
     makefile = (core.tree / "Makefile").read_text()
     assert "bench-pipeline" not in makefile and "benchmarks/inference.py" not in makefile
@@ -235,7 +298,7 @@ def test_an_empty_folder_is_filled(tmp_path):
 def test_an_unknown_feature_is_refused(tmp_path):
     result = lean(tmp_path / "copy", "--keep", "model_paralel")
     assert result.returncode == 1
-    assert "no feature model_paralel: the features are model_parallel" in result.stderr
+    assert "no feature model_paralel: the features are lean, model_parallel," in result.stderr
     assert list(tmp_path.iterdir()) == []
 
 

@@ -62,9 +62,10 @@ def check_strategy(cfg: DictConfig) -> None:
     on_cpu = accelerator_is_cpu(str(trainer.accelerator))
     devices = trainer.devices
     if on_cpu and target.endswith("FSDPStrategy"):
+        fix = " On CPUs: strategy=ddp (no sharding)."
+        fix = " On CPUs: strategy=model_parallel (FSDP2, any device)."  # feature: model_parallel
         raise UserError(
-            "strategy=fsdp needs GPUs (Lightning's FSDPStrategy refuses the CPU). On CPUs use "
-            "strategy=model_parallel, which shards with FSDP2 on any device."
+            f"strategy=fsdp needs GPUs (Lightning's FSDPStrategy refuses the CPU).{fix}"
         )
     if on_cpu and trainer.get("sync_batchnorm"):
         raise UserError(

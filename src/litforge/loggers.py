@@ -1,5 +1,4 @@
-"""Loggers of our own, where Lightning's need a change. W&B and MLflow: the tracking feature
-(src/litforge/tracking/)."""
+"""Loggers of our own, where Lightning's need a change (a feature folder may add its own)."""
 
 import csv
 from pathlib import Path

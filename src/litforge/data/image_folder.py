@@ -6,8 +6,8 @@
     DIR/<class>/<image>           or this alone, all three splits carved from it
 
 Only the file list is held in memory: workers decode each batch (`images.SampleTransform`), which
-travels as uint8 to the training device. The path to copy for data that does not fit in memory
-(nor on one disk: `litforge.streaming`). A bad folder stops the run in `inspect()`, before the
+travels as uint8 to the training device. The path to copy for data that does not fit in memory.
+A bad folder stops the run in `inspect()`, before the
 model is built; a file that does not decode stops it (`on_bad_file="error"`) or is left out."""
 
 import hashlib
@@ -258,7 +258,7 @@ def check_image_arguments(
 
 
 class ImageDataModule(DataModule):
-    """What image folders and streaming shards share once their files are found. `inspect()`
+    """What datamodules of image files share once their files are found. `inspect()`
     sets `class_names`, `channels`, `image_size`, `mean`, `std`, `train_counts` (per class)."""
 
     @property
@@ -293,7 +293,7 @@ class ImageDataModule(DataModule):
         return on_gpu if self.hparams.pin_memory is None else self.hparams.pin_memory
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        images, labels = batch  # uint8 from both loaders (`ImageFiles`, the streaming shards')
+        images, labels = batch  # uint8 from the loader (`ImageFiles`, or a subclass's)
         if getattr(self, "_stats_device", None) != images.device:  # copied to a device once
             self._stats_device = images.device
             self._stats = [torch.tensor(v, device=images.device) for v in (self.mean, self.std)]
@@ -302,7 +302,7 @@ class ImageDataModule(DataModule):
 
 
 class ImageFolderDataModule(ImageDataModule):
-    # How messages name the settings (`python -m litforge.streaming optimize`: its arguments).
+    # How messages name the settings (a subclass's command line may name them otherwise).
     settings = {
         "root": "data.root={}",
         "on_bad_file": "data.on_bad_file={}",

@@ -1,4 +1,4 @@
-"""Encoded image files to uint8 tensors, the same way for image folders and streaming shards.
+"""Encoded image files to uint8 tensors, the same way for every datamodule that reads them.
 Training's random transforms (torchvision's) are seeded per sample by (run seed, epoch, place in
 the epoch): the same images for any number of workers, and after a resume. Batches stay uint8
 until the training device (`normalize`): a quarter of the bytes to move. No Lightning imports:
