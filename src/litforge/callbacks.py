@@ -88,7 +88,7 @@ class LogRunConfig(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         per_device = self.config.get("data", {}).get("batch_size", 0)
-        # processes that see different data (tensor-parallel ranks share theirs)
+        # processes that see different data (ranks that split one model share theirs)
         replicas = (trainer.distributed_sampler_kwargs or {}).get("num_replicas", 1)
         total = per_device * replicas * trainer.accumulate_grad_batches
         if trainer.is_global_zero and stage == "fit":
@@ -144,7 +144,7 @@ class StopOnNonFiniteLoss(L.Callback):
 
 class ClassificationPlots(L.Callback):
     """`<dirpath>/curves.png` after training, `<dirpath>/confusion_matrix.png` after testing (rank
-    0; also to TensorBoard, W&B). Epochs are recorded here (no logger needed), kept in checkpoints,
+    0; also to TensorBoard). Epochs are recorded here (no logger needed), kept in checkpoints,
     and read at the first chance after `on_train_epoch_end`, as later hooks may still log them."""
 
     NAMES = ("train/loss", "train/acc", "val/loss", "val/acc")
@@ -179,13 +179,11 @@ class ClassificationPlots(L.Callback):
 
     @staticmethod
     def _publish(trainer: L.Trainer, figure: Any, path: Path) -> None:
-        from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+        from lightning.pytorch.loggers import TensorBoardLogger
 
-        for logger in trainer.loggers:
+        for logger in trainer.loggers:  # (loggers that keep files get them at the run's end)
             if isinstance(logger, TensorBoardLogger):
                 logger.experiment.add_figure(path.stem, figure)
-            elif isinstance(logger, WandbLogger):
-                logger.log_image(key=path.stem, images=[str(path)])
         plots.close(figure)
 
     def _record(self) -> None:

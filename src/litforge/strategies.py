@@ -25,8 +25,8 @@ class ReportsLostProcesses:
 
     Under Lightning's own launcher (`python train.py` with several devices) the line comes when
     this process sees the lost contact before Lightning's watch over the processes it started,
-    which SIGKILLs the whole job within 5 s of one dying; the parameter server's launcher leaves
-    it time (`litforge.parameter_server`). Under torchrun or SLURM nothing races it."""
+    which SIGKILLs the whole job within 5 s of one dying (a strategy's own launcher may leave it
+    time). Under a cluster launcher that starts every process itself nothing races it."""
 
     _lost_line: str | None = None
     already_lost: frozenset[int] = frozenset()  # ranks the job went on without and knows of

@@ -53,8 +53,8 @@ def fold_split(labels: Sequence[int], num_folds: int, fold: int, seed: int):
 
 
 class DataModule(L.LightningDataModule):
-    """The model is built with `model_arguments()` (checkpoints keep them for predict.py,
-    export.py, serve.py); `input_shape`, `class_names`, `mean`, `std` are set by `inspect()`.
+    """The model is built with `model_arguments()` (checkpoints keep them: a loaded model knows
+    its input and classes); `input_shape`, `class_names`, `mean`, `std` are set by `inspect()`.
     A subclass gives each split's batches: `_loader(split, train)`."""
 
     input_shape: tuple[int, int, int]  # channels, height, width

@@ -8,6 +8,8 @@ from typing import Any
 
 from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
 
+from litforge.hooks import LogsRunFiles
+
 log = logging.getLogger(__name__)
 
 
@@ -21,9 +23,10 @@ def wandb_has_credentials() -> bool:
         return False
 
 
-class WandbLogger(_LightningWandbLogger):
+class WandbLogger(LogsRunFiles, _LightningWandbLogger):
     """Never waits for a login: offline without credentials (or `WANDB_MODE=offline`), naming the
-    `wandb sync` command. A resumed run (`resume_from`) goes on in its folder's newest wandb run."""
+    `wandb sync` command. A resumed run (`resume_from`) goes on in its folder's newest wandb run.
+    The run's pictures (`plots/*.png`) are sent as images at its end."""
 
     def __init__(
         self, offline: bool | None = None, resume_from: str | None = None, **kwargs: Any
@@ -43,3 +46,7 @@ class WandbLogger(_LightningWandbLogger):
                 f"wandb: no API key, logging offline into {save_dir}/wandb; upload later with "
                 f"`wandb sync {save_dir}/wandb/offline-run-*`"
             )
+
+    def log_run_files(self, run_dir: Path, best_checkpoint: str | None) -> None:
+        for picture in sorted(Path(run_dir, "plots").glob("*.png")):
+            self.log_image(key=picture.stem, images=[str(picture)])
