@@ -1,7 +1,8 @@
 """Our own checks raise `UserError`: the run ends in one `error:` line and exit status 1
-(`HYDRA_FULL_ERROR=1`: the traceback), through the `reported` decorator under `@hydra.main`.
-Hydra's and OmegaConf's own errors (an unknown key or option, a `???` left, an instantiation that
-fails) are left to Hydra, which prints them as it always does. Importing this changes nothing."""
+(`HYDRA_FULL_ERROR=1`: the traceback), through the `reported` decorator under `@hydra.main` (and
+`one_line` on a sweeper's methods). Hydra's and OmegaConf's own errors (an unknown key or option,
+a `???` left, an instantiation that fails) are left to Hydra, which prints them as it always
+does. Importing this changes nothing."""
 
 import functools
 import logging
@@ -51,6 +52,24 @@ def user_error(err: BaseException) -> UserError | None:
     return err
 
 
+def one_line(function):
+    """Decorate what Hydra runs outside a task (a sweeper's `setup` and `sweep`): a UserError
+    ends the process in one `error:` line and exit status 1 (`HYDRA_FULL_ERROR=1`: raised on).
+    SystemExit passes through Hydra, which would print any exception with a traceback."""
+
+    @functools.wraps(function)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except UserError as err:
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            _say_error(str(err))
+            sys.exit(1)
+
+    return run
+
+
 def reported(task):
     """Decorate an entry point's task, under `@hydra.main`: a UserError ends in one `error:`
     line and exit status 1 (the traceback: in the log file), and a run folder that a failure left
@@ -65,7 +84,9 @@ def reported(task):
             if _hydra_mode() == "MULTIRUN":  # Hydra records the job's failure
                 raise
             root = logging.getLogger()
-            log_files = [h for h in root.handlers if isinstance(h, logging.FileHandler)]
+            log_files = [
+                h for h in root.handlers if isinstance(h, logging.FileHandler) and h.stream
+            ]
             found = user_error(err)
             line = str(found) if found is not None else f"{type(err).__name__}: {err}"
             for handler in log_files:  # the traceback: in train.log, not on the console
