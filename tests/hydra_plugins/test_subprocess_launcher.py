@@ -110,7 +110,8 @@ main()
 
 @pytest.mark.slow
 def test_an_entry_point_of_your_own_fails_the_sweep_when_a_job_fails(tmp_path):
-    # Nothing but @hydra.main (and conf/'s resolvers): the sweep summary callback of conf/hydra/ sets the exit status.
+    # Nothing but @hydra.main (and conf/'s resolvers): the sweep summary callback of conf/hydra/
+    # sets the exit status.
     script = tmp_path / "my_entry.py"
     script.write_text(ENTRY_POINT.format(conf=CONF))
     sweep_dir = tmp_path / "sweep"
