@@ -92,13 +92,14 @@ def reported(task):
             for handler in log_files:  # the traceback: in train.log, not on the console
                 handler.stream.write(f"error: {line}\n{traceback.format_exc()}")
                 handler.flush()
-            if new_folder is not None and _holds_only_hydra_files(new_folder, empty_logs=False):
+            full = os.environ.get("HYDRA_FULL_ERROR") == "1"  # then the folder and its log stay
+            if not full and new_folder and _holds_only_hydra_files(new_folder, empty_logs=False):
                 for handler in log_files:  # the log files in it: closed first
                     if new_folder in Path(handler.baseFilename).parents:
                         root.removeHandler(handler)
                         handler.close()
                 shutil.rmtree(new_folder, ignore_errors=True)
-            if found is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
+            if found is None or full:
                 raise
             _say_error(line)
             sys.exit(1)
