@@ -66,7 +66,7 @@ def test_sweep_summary_has_failed_rows_and_seed_means(tmp_path, idx_data_dir):
     assert "Traceback" not in result.stderr
     assert "error: 2 job(s) of the sweep failed:" in result.stderr
     assert re.search(
-        r"#\d \(.*data.val_size=100000.*\): data: val_size=100000 must be below", result.stderr
+        r"#\d \(.*data.val_size=100000.*\): val_size=100000 must be below", result.stderr
     )
 
     with (sweep_dir / "summary.csv").open() as f:
@@ -95,7 +95,7 @@ import hydra
 
 from litforge.runs import register_resolvers
 
-register_resolvers()  # conf/'s ${cwd:} and ${job_id:...}, as every entry point of conf/ does
+register_resolvers()  # the resolvers conf/ uses, as every entry point of conf/ does
 
 
 @hydra.main(config_path="{conf}", config_name="train", version_base="1.3")
