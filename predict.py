@@ -3,12 +3,14 @@
 import hydra
 from omegaconf import DictConfig
 
-from litforge.errors import one_line_errors, reported
+from litforge.errors import reported
+from litforge.runs import register_resolvers
+
+register_resolvers()  # ${cwd:} and ${job_id:...} in conf/, before Hydra composes it
 
 
-@one_line_errors  # a mistake in the input: one `error:` line and exit status 1 (errors.py)
 @hydra.main(config_path="conf", config_name="predict", version_base="1.3")
-@reported  # likewise once the config has composed; a run folder left empty goes
+@reported  # a UserError: one `error:` line, exit status 1; a run folder left empty goes
 def main(cfg: DictConfig) -> None:
     from litforge.deploy.predict import predict  # after composing: see train.py
 

@@ -7,12 +7,14 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from litforge.errors import UserError, one_line_errors, reported
+from litforge.errors import UserError, reported
+from litforge.runs import register_resolvers
+
+register_resolvers()  # ${cwd:} and ${job_id:...} in conf/, before Hydra composes it
 
 
-@one_line_errors  # a mistake in the input: one `error:` line and exit status 1 (errors.py)
 @hydra.main(config_path="conf", config_name="serve", version_base="1.3")
-@reported  # likewise once the config has composed; a run folder left empty goes
+@reported  # a UserError: one `error:` line, exit status 1; a run folder left empty goes
 def main(cfg: DictConfig) -> None:
     try:
         from litforge.deploy.serve import serve  # LitServe: installed with the [serve] extra

@@ -63,6 +63,9 @@ def compose_config(
 ) -> DictConfig:
     """Compose `conf/<name>.yaml` as `@hydra.main` would, with outputs under `tmp_path`
     (`keep_hydra`: with Hydra's own node, as a sweep composes it)."""
+    from litforge.runs import register_resolvers
+
+    register_resolvers()  # as the entry points do
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(
             config_name=name,
@@ -142,8 +145,7 @@ def run_in_process(script: str, *args: str, env: dict | None = None) -> subproce
     try:
         sys.argv = [script, *args] if script != "-m" else list(args)  # runpy sets argv[0]
         os.chdir(ROOT)
-        for name in ("HYDRA_FULL_ERROR", "LITFORGE_FULL_ERROR"):  # as run_script: the user's view
-            os.environ.pop(name, None)
+        os.environ.pop("HYDRA_FULL_ERROR", None)  # as run_script: the user's view
         os.environ.update(env or {})
         root.handlers = []
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):

@@ -1,5 +1,6 @@
 """Resuming (`ckpt_path=last`): a run killed (SIGKILL) or stopped (SIGTERM) and resumed ends
-with the same weights and metrics as one that was never interrupted."""
+with the same weights and metrics as one that was never interrupted; a run resumed from an earlier
+one writes into its own new folder."""
 
 import csv
 import json
@@ -22,8 +23,7 @@ from helpers import (
 
 from litforge.checkpoints import AtomicCheckpointIO
 from litforge.errors import UserError
-from litforge.resume import auto_checkpoint, newest_loadable
-from litforge.runs import run_dir
+from litforge.resume import auto_checkpoint, last_checkpoint, newest_loadable
 
 
 def start(data_dir, run, *extra) -> subprocess.Popen:
@@ -156,31 +156,44 @@ def test_auto_starts_fresh_without_a_checkpoint_but_testing_needs_one(tmp_path, 
         auto_checkpoint(str(tmp_path), fitting=False)
 
 
-def test_ckpt_path_last_finds_the_newest_run_of_the_same_command(tmp_path):
+def test_ckpt_path_last_finds_the_newest_run_of_the_same_command(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
     runs = tmp_path / "runs"
-    for name, overrides in [("a", ["model=cnn"]), ("b", ["model=mlp"]), ("c", ["model=cnn"])]:
-        (runs / name / "checkpoints").mkdir(parents=True)
-        (runs / name / ".hydra").mkdir()
-        (runs / name / ".hydra" / "overrides.yaml").write_text(f"- {overrides[0]}\n")
-    (runs / "a" / "checkpoints" / "last.ckpt").write_bytes(b"x")  # c has none yet
-    (runs / "b" / "checkpoints" / "last.ckpt").write_bytes(b"x")
-    existing = {str(runs / name) for name in "abc"}
-    assert run_dir(str(runs), "last", ["model=cnn", "ckpt_path=last"]) == str(runs / "a")
-    assert run_dir(str(runs), "last", ["model=mlp"]) == str(runs / "b")
-    new = run_dir(str(runs), "last", ["model=mlp", "seed=1"])
-    assert new.startswith(str(runs)) and new not in existing
-    # a checkpoint file of a run of the same command continues in that run; from elsewhere, with
-    # other overrides, or when testing it without training (train=false), in a new one
-    ckpt = runs / "b" / "checkpoints" / "last.ckpt"
-    assert run_dir(str(runs), str(ckpt), ["model=mlp", f"ckpt_path={ckpt}"]) == str(runs / "b")
-    assert run_dir(str(runs), str(ckpt), ["model=mlp", "seed=1"]) not in existing
-    assert run_dir(str(runs), str(tmp_path / "x.ckpt"), ["model=mlp"]) not in existing
-    assert run_dir(str(runs), str(ckpt), ["model=mlp", "train=false"], False) not in existing
-    assert run_dir(str(runs), "last", ["model=mlp"], False) not in existing
+    for age, (name, override) in enumerate(
+        [
+            ("d", "model=cnn"),  # the newest, but its checkpoint is cut off
+            ("c", "model=cnn"),  # no checkpoint yet
+            ("b", "model=mlp"),  # another command
+            ("a", "model=cnn"),
+        ]
+    ):
+        (runs / name / ".hydra").mkdir(parents=True)
+        (runs / name / ".hydra" / "overrides.yaml").write_text(f"- {override}\n")
+        last = runs / name / "checkpoints" / "last.ckpt"
+        if name in "ab":
+            state = {"state_dict": {}, "epoch": 1, "global_step": 8}
+            AtomicCheckpointIO().save_checkpoint(state, last)
+        elif name == "d":
+            last.parent.mkdir()
+            last.write_bytes(b"PK\x03\x04 cut off by a crash")
+        if last.exists():
+            os.utime(last, (1e9 - age, 1e9 - age))
+    new = runs / "new"  # the run's own folder, just made
+    new.mkdir()
+    found = last_checkpoint(new, ["model=cnn", "ckpt_path=last"])
+    assert found == runs / "a" / "checkpoints" / "last.ckpt"
+    assert f"Resuming from {found} (epoch 1, step 8); this run writes into {new}" in caplog.text
+    assert last_checkpoint(new, ["model=mlp"]) == runs / "b" / "checkpoints" / "last.ckpt"
+    with pytest.raises(UserError, match="ckpt_path=last: no earlier run of this command"):
+        last_checkpoint(new, ["model=mlp", "seed=1"])
+    # A folder given (hydra.run.dir=<a run>) that holds checkpoints: its own, whatever the command.
+    assert last_checkpoint(runs / "b", ["seed=1"]) == runs / "b" / "checkpoints" / "last.ckpt"
 
 
 @pytest.mark.slow
-def test_ckpt_path_last_goes_back_into_the_run_of_the_same_command(tmp_path, idx_data_dir):
+def test_ckpt_path_last_continues_the_run_of_the_same_command_in_a_new_folder(
+    tmp_path, idx_data_dir
+):
     logs = tmp_path / "logs"
     command = [*tiny_run_args(idx_data_dir, None), f"paths.log_dir={logs}"]
     first = run_in_process("train.py", *command)
@@ -189,11 +202,14 @@ def test_ckpt_path_last_goes_back_into_the_run_of_the_same_command(tmp_path, idx
 
     again = run_in_process("train.py", *command, "ckpt_path=last")
     assert again.returncode == 0, again.stderr[-3000:]
-    assert f"Resuming from {run / 'checkpoints' / 'last.ckpt'}" in again.stdout + again.stderr
-    assert list((logs / "train" / "runs").iterdir()) == [run]  # no new folder
-    # that run had finished: nothing to train, said so, and its metrics are still reported
+    [new] = set((logs / "train" / "runs").iterdir()) - {run}  # a folder of its own
+    assert (
+        f"Resuming from {run / 'checkpoints' / 'last.ckpt'} (epoch 0, step 10); this run writes "
+        f"into {new}" in again.stdout + again.stderr
+    )
+    # that run had finished: nothing to train, said so, and its metrics are reported anew
     assert "already reached trainer.max_epochs=1: nothing left to train" in again.stdout
-    assert "val/acc_best" in json.loads((run / "metrics.json").read_text())
+    assert "val/acc_best" in json.loads((new / "metrics.json").read_text())
 
     other = run_in_process("train.py", *command, "seed=7", "ckpt_path=last")
     assert other.returncode == 1

@@ -1,13 +1,4 @@
-"""litforge: a PyTorch Lightning + Hydra template for image classification."""
-
-import os
-
-from omegaconf import OmegaConf
-
-from litforge.runs import run_dir
+"""litforge: a PyTorch Lightning + Hydra template for image classification. Importing it changes
+nothing: the entry points register the config's resolvers (`litforge.runs.register_resolvers`)."""
 
 __version__ = "0.1.0"
-
-# `${cwd:}`: `-m` resolves `hydra.sweep.dir` before `${hydra:runtime.cwd}` exists.
-OmegaConf.register_new_resolver("cwd", os.getcwd, replace=True)
-OmegaConf.register_new_resolver("run_dir", run_dir, replace=True)

@@ -1,22 +1,17 @@
-"""Bad input ends in one line that says what is wrong and how to fix it, and exit status 1
-(`HYDRA_FULL_ERROR=1`: the traceback): `UserError` for problems our code finds, `one_line` for
-Hydra's and OmegaConf's. An entry point gets both with two decorators around `@hydra.main`, as
-train.py does; importing it changes nothing."""
+"""Our own checks raise `UserError`: the run ends in one `error:` line and exit status 1
+(`HYDRA_FULL_ERROR=1`: the traceback), through the `reported` decorator under `@hydra.main` (and
+`one_line` on a sweeper's methods). Hydra's and OmegaConf's own errors (an unknown key or option,
+a `???` left, an instantiation that fails) are left to Hydra, which prints them as it always
+does. Importing this changes nothing."""
 
-import contextlib
-import difflib
 import functools
-import inspect
 import logging
 import os
-import re
 import shutil
 import sys
 import traceback
 from pathlib import Path
 from typing import Any
-
-FULL_ERROR = "LITFORGE_FULL_ERROR"  # the user's own HYDRA_FULL_ERROR, for processes main starts
 
 
 class UserError(Exception):
@@ -46,121 +41,39 @@ def number_problem(
 
 def check_number(name: str, value: object, **bounds: Any) -> None:
     if problem := number_problem(name, value, **bounds):
-        raise ValueError(problem)
+        raise UserError(problem)
 
 
-def one_line(err: BaseException) -> str | None:
-    """The one line to show for `err`, or None when it is no mistake of the user's (a bug)."""
-    import hydra.errors
-    import omegaconf.errors
-
-    chain, cause = [err], err.__cause__  # err, what caused it, what caused that...
-    while chain[-1].__cause__ is not None:
-        chain.append(chain[-1].__cause__)
-    if user_error := next((e for e in chain if isinstance(e, UserError)), None):
-        return str(user_error)
-    if isinstance(err, hydra.errors.MissingConfigException) and err.options is not None:
-        group, _, option = (err.missing_cfg_file or "").rpartition("/")
-        return f"{group}={option}: no such option (conf/{group}/{option}.yaml). Choose one of: " + (
-            f"{', '.join(err.options)}."
-        )
-    if isinstance(err, hydra.errors.ConfigCompositionException) and isinstance(
-        cause, (omegaconf.errors.ConfigKeyError, omegaconf.errors.ConfigAttributeError)
-    ):
-        key, known = cause.full_key, list(cause.parent_node or [])
-        near = difflib.get_close_matches(str(cause.key), known, n=3)
-        hint = f"did you mean {', '.join(near)}?" if near else f"it has: {', '.join(known)}."
-        parent = key.rpartition(".")[0] or "the config"
-        return f"{key} is not a setting of {parent}: {hint} (+{key}=... adds it)"
-    if isinstance(err, hydra.errors.OverrideParseException):
-        return f"{err.override}: not an override Hydra can parse ({str(err).splitlines()[0]})."
-    if isinstance(err, hydra.errors.InstantiationException):
-        # `<config key>: <what the constructor said> (in <class>)`. Lightning is loaded by now.
-        from hydra.utils import get_object
-        from lightning.fabric.utilities.exceptions import MisconfigurationException
-
-        key = re.search(r"full_key: (\S+)", str(err))
-        where = f"{key[1]}: " if key else ""
-        target = ([t for e in chain for t in re.findall(r"target '([^']+)'", str(e))] or ["?"])[-1]
-        root = chain[-1]
-        message = str(root).strip().splitlines()[0].rstrip(".")
-        if isinstance(root, ImportError):
-            return f"{where}cannot import _target_ {target} ({root}). Check its spelling."
-        # A constructor refusing a value, or a wrong argument name; other errors are bugs.
-        signature = isinstance(root, TypeError) and re.search(r"(keyword|positional) arg", message)
-        if not (signature or isinstance(root, (ValueError, MisconfigurationException))):
-            return None
-        if unexpected := re.search(r"unexpected keyword argument '(\w+)'", message):
-            accepted = []
-            with contextlib.suppress(Exception):  # not importable or no signature: no names
-                accepted = list(inspect.signature(get_object(target)).parameters)
-            near = difflib.get_close_matches(unexpected[1], accepted, n=3)
-            message += f"; did you mean {', '.join(near)}?" if near else f"; it takes {accepted}"
-        return f"{where}{message} (in {target})"
-    if monitored := next((e for e in chain if "conditioned on metric" in str(e)), None):
-        # Lightning's: a ReduceLROnPlateau's monitor that the run does not log
-        return f"model.scheduler.monitor: {str(monitored).split('. Condition can')[0]}."
-    if missing := [e for e in chain if isinstance(e, omegaconf.errors.MissingMandatoryValue)]:
-        return _missing_value(str(missing[0].full_key))
-    if isinstance(err, (hydra.errors.HydraException, omegaconf.errors.OmegaConfBaseException)):
-        # A resolver's UserError reaches here as text only (OmegaConf drops the exception).
-        line = str(err).strip().splitlines()[0]
-        return line.removeprefix(f"{UserError.__name__} raised while resolving interpolation: ")
-    return None
+def user_error(err: BaseException) -> UserError | None:
+    """`err` if it is a UserError, or the UserError that caused it (a constructor's, which
+    Hydra's `instantiate` raises again as an InstantiationException from it)."""
+    while err is not None and not isinstance(err, UserError):
+        err = err.__cause__
+    return err
 
 
-def _missing_value(key: str) -> str:
-    """`key` is `???`: say so, with what belongs there (the comment on its line in the YAML)."""
-    group, _, leaf = key.partition(".")
-    where = meaning = ""
-    with contextlib.suppress(Exception):  # outside a Hydra run: the key alone
-        from hydra.core.hydra_config import HydraConfig
+def one_line(function):
+    """Decorate what Hydra runs outside a task (a sweeper's `setup` and `sweep`): a UserError
+    ends the process in one `error:` line and exit status 1 (`HYDRA_FULL_ERROR=1`: raised on).
+    SystemExit passes through Hydra, which would print any exception with a traceback."""
 
-        runtime = HydraConfig.get().runtime
-        option = runtime.choices.get(group)
-        for source in runtime.config_sources:
-            path = Path(source.path) / group / f"{option}.yaml"
-            if source.schema == "file" and option and path.is_file():
-                name = re.escape(leaf.rpartition(".")[2])
-                found = re.search(rf"^\s*{name}:\s*\?\?\?\s*#\s*(.+)$", path.read_text(), re.M)
-                where, meaning = f" ({group}={option})", found[1].strip() if found else ""
-                break
-    return f"{key} is not set and this run needs it{where}: add {key}=<{meaning or 'a value'}>."
-
-
-def _full_error() -> bool:  # the user asked for tracebacks (HYDRA_FULL_ERROR=1)
-    return os.environ.get(FULL_ERROR, os.environ.get("HYDRA_FULL_ERROR")) == "1"
-
-
-def one_line_errors(main):
-    """Decorate an entry point's `main`, above `@hydra.main`: a mistake Hydra finds ends in one
-    `error:` line too. Hydra hands its errors on only with HYDRA_FULL_ERROR set (hydra #3361), so
-    it is 1 while `main` runs; processes it starts find the user's own in LITFORGE_FULL_ERROR."""
-
-    @functools.wraps(main)
+    @functools.wraps(function)
     def run(*args: Any, **kwargs: Any) -> Any:
-        saved = {name: os.environ.get(name) for name in (FULL_ERROR, "HYDRA_FULL_ERROR")}
-        os.environ.update({FULL_ERROR: "1" if _full_error() else "", "HYDRA_FULL_ERROR": "1"})
         try:
-            return main(*args, **kwargs)
-        except Exception as err:
-            if _full_error() or (line := one_line(err)) is None:
-                raise  # the traceback
-            _say_error(line)
+            return function(*args, **kwargs)
+        except UserError as err:
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            _say_error(str(err))
             sys.exit(1)
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
 
     return run
 
 
 def reported(task):
-    """Decorate an entry point's task, under `@hydra.main`: a mistake of the user's ends in one
-    `error:` line (the traceback: in the log file), and an empty run folder goes."""
+    """Decorate an entry point's task, under `@hydra.main`: a UserError ends in one `error:`
+    line and exit status 1 (the traceback: in the log file), and a run folder that a failure left
+    empty goes. Other errors go on to Hydra, which prints them."""
 
     @functools.wraps(task)
     def run(cfg: Any) -> Any:
@@ -168,21 +81,27 @@ def reported(task):
         try:
             return task(cfg)
         except Exception as err:
-            # Full errors: the folder stays, traceback in its log; sweeps: Hydra records a failure.
-            if _full_error() or (line := one_line(err)) is None or _hydra_mode() == "MULTIRUN":
+            if _hydra_mode() == "MULTIRUN":  # Hydra records the job's failure
                 raise
             root = logging.getLogger()
-            log_files = [h for h in root.handlers if isinstance(h, logging.FileHandler)]
-            for handler in log_files:  # the traceback: in train.log only
+            log_files = [
+                h for h in root.handlers if isinstance(h, logging.FileHandler) and h.stream
+            ]
+            found = user_error(err)
+            line = str(found) if found is not None else f"{type(err).__name__}: {err}"
+            for handler in log_files:  # the traceback: in train.log, not on the console
                 handler.stream.write(f"error: {line}\n{traceback.format_exc()}")
                 handler.flush()
-            _say_error(line)
-            if new_folder is not None and _holds_only_hydra_files(new_folder, empty_logs=False):
+            full = os.environ.get("HYDRA_FULL_ERROR") == "1"  # then the folder and its log stay
+            if not full and new_folder and _holds_only_hydra_files(new_folder, empty_logs=False):
                 for handler in log_files:  # the log files in it: closed first
                     if new_folder in Path(handler.baseFilename).parents:
                         root.removeHandler(handler)
                         handler.close()
                 shutil.rmtree(new_folder, ignore_errors=True)
+            if found is None or full:
+                raise
+            _say_error(line)
             sys.exit(1)
 
     return run
@@ -196,7 +115,8 @@ def _hydra_mode() -> str | None:  # RUN or MULTIRUN while Hydra runs the task
 
 def _new_run_dir(cfg: Any) -> Path | None:
     """The run folder if Hydra has just made it; None for a sweep's job (the summary lists it),
-    a multi-process job's processes but the first, and a folder reentered (`ckpt_path=last`)."""
+    a multi-process job's processes but the first, and a folder reentered (a restarted job's,
+    or `hydra.run.dir=<a run>`)."""
     from hydra.core.hydra_config import HydraConfig
 
     if _hydra_mode() != "RUN" or cfg.get("sweep_name"):  # sweep_name: a subprocess launcher's job

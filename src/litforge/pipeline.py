@@ -27,7 +27,7 @@ from litforge import checkpoints, resume
 from litforge.callbacks import LogRunConfig
 from litforge.checks import accelerator_is_cpu, check_config
 from litforge.console import print_config, print_metrics, quiet_lightning
-from litforge.errors import UserError, one_line
+from litforge.errors import UserError, user_error
 from litforge.hooks import ChecksFit, LogsRunFiles, PreparesRun
 from litforge.strategies import ReportsLostProcesses
 
@@ -37,13 +37,14 @@ quiet_lightning()
 
 
 def instantiate(config: Any, **kwargs: Any) -> Any:
-    """Hydra's `instantiate`; a bad setting becomes a UserError naming its config key."""
+    """Hydra's `instantiate`; a UserError of a constructor comes out as itself (Hydra wraps what
+    a constructor raises in an InstantiationException, which Hydra's other errors pass as)."""
     try:
         return hydra.utils.instantiate(config, **kwargs)
     except InstantiationException as err:
-        if (line := one_line(err)) is None:
+        if (found := user_error(err)) is None:
             raise
-        raise UserError(line) from err
+        raise found from None
 
 
 def start(cfg: DictConfig) -> None:

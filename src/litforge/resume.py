@@ -1,5 +1,7 @@
-"""Stopping on SIGTERM, and finding the checkpoint a run continues from (`ckpt_path=last` or
-`auto`, in the run folder `runs.run_dir` found), checked to fit the configured model and data."""
+"""Stopping on SIGTERM, and finding the checkpoint a run continues from, checked to fit the
+configured model and data: `ckpt_path=last`, the newest of this run's folder or else of the newest
+earlier run of the same command; `ckpt_path=auto`, the newest of the job's own folder (named by
+the cluster's job id under a restarting launcher), if any."""
 
 import logging
 import sys
@@ -11,10 +13,11 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from omegaconf import OmegaConf
 
 from litforge import checkpoints
 from litforge.errors import UserError
-from litforge.runs import how_to_resume, restarting_launcher
+from litforge.runs import check_job_named, how_to_resume, restarting_launcher
 
 log = logging.getLogger(__name__)
 # Once per job: Lightning knows the rank from the launcher's environment before the strategy does.
@@ -40,11 +43,15 @@ def stopped_by_sigterm(trainer: L.Trainer, what: str) -> Iterator[None]:
 
 def default_checkpoint(ckpt_path: str | None) -> str | None:
     """Unset: `auto` where a launcher reruns a failed job (torchrun --max-restarts, SLURM)."""
+    check_job_named()
     return ckpt_path if ckpt_path is not None or not restarting_launcher() else "auto"
 
 
-def newest_loadable(checkpoint_dir: Path, required: bool = True) -> Path | None:
-    """The newest checkpoint that loads (broken ones named and skipped); None if not `required`."""
+def newest_loadable(
+    checkpoint_dir: Path, required: bool = True, into: Path | None = None
+) -> Path | None:
+    """The newest checkpoint that loads (broken ones named and skipped); None if not `required`.
+    `into`: the folder of the run that resumes it, when another."""
     for path in sorted(checkpoint_dir.glob("*.ckpt"), key=lambda p: -p.stat().st_mtime):
         if path.is_dir() and not checkpoints.is_whole(path):
             log.warning(f"Skipping {path}: a folder of shards cut off while written")
@@ -55,7 +62,8 @@ def newest_loadable(checkpoint_dir: Path, required: bool = True) -> Path | None:
             log.warning(f"Skipping {path}: {err}")
             continue
         where = f"epoch {ckpt['epoch']}, step {ckpt['global_step']}" if ckpt else "shards"
-        info_on_rank_zero(f"Resuming from {path} ({where})")
+        elsewhere = f"; this run writes into {into}" if into else ""
+        info_on_rank_zero(f"Resuming from {path} ({where}){elsewhere}")
         return path
     if not required:
         return None
@@ -79,6 +87,45 @@ def auto_checkpoint(output_dir: str, fitting: bool = True) -> Path | None:
     return found
 
 
+def last_checkpoint(output_dir: Path, command: list[str] | None = None) -> Path:
+    """`ckpt_path=last`: the newest checkpoint that loads in this run's folder (one given with
+    `hydra.run.dir`), else in the newest earlier run beside it of the same `command` (overrides
+    but ckpt_path; None: this run's). The run writes into its own folder either way."""
+    own = output_dir / "checkpoints"
+    if any(own.glob("*.ckpt")):
+        return newest_loadable(own)
+    if command is None:  # in the task: Hydra's record of this run's overrides
+        from hydra.core.hydra_config import HydraConfig
+
+        command = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    runs = [
+        run
+        for run in (output_dir.parent.iterdir() if output_dir.parent.is_dir() else [])
+        if run != output_dir and _newest_change(run) and _command(run) == _command_of(command)
+    ]
+    for run in sorted(runs, key=_newest_change, reverse=True):
+        if found := newest_loadable(run / "checkpoints", required=False, into=output_dir):
+            return found
+    raise UserError(
+        f"ckpt_path=last: no earlier run of this command (the same overrides, ckpt_path aside) "
+        f"has a checkpoint in {output_dir.parent}. Resume a given run with "
+        f"hydra.run.dir=<its folder> ckpt_path=last, or give ckpt_path=<file>."
+    )
+
+
+def _newest_change(run: Path) -> float:  # of the run's checkpoints; 0 without one
+    return max((p.stat().st_mtime for p in run.glob("checkpoints/*.ckpt")), default=0)
+
+
+def _command(run: Path) -> list[str] | None:  # the overrides an earlier run was started with
+    saved = run / ".hydra" / "overrides.yaml"
+    return _command_of(OmegaConf.load(saved)) if saved.is_file() else None
+
+
+def _command_of(overrides: Any) -> list[str]:
+    return [o for o in overrides if not o.startswith("ckpt_path=")]
+
+
 def checked_checkpoint(
     ckpt_path: str,
     output_dir: str,
@@ -90,14 +137,7 @@ def checked_checkpoint(
     """The checkpoint `ckpt_path` names and its contents, checked to fit `model` and `dataset`;
     a folder of shards to fit from is left to the (`sharded`) strategy."""
     if ckpt_path == "last":
-        folder = Path(output_dir) / "checkpoints"
-        if not folder.is_dir():  # ${run_dir:} found no earlier run of this command
-            raise UserError(
-                f"ckpt_path=last: no earlier run of this command (the same overrides, ckpt_path "
-                f"aside) has a checkpoint in {Path(output_dir).parent}. Resume a given "
-                f"run with hydra.run.dir=<its folder> ckpt_path=last, or ckpt_path=<file>."
-            )
-        ckpt_path = str(newest_loadable(folder))
+        ckpt_path = str(last_checkpoint(Path(output_dir)))
     if fitting and checkpoints.is_whole(Path(ckpt_path)):  # a folder of shards (others: below)
         if not sharded:
             raise UserError(

@@ -1,11 +1,8 @@
-"""Where a run writes (a new folder, or that of the run `ckpt_path` continues), and which launcher
-started it. No torch here: the `${run_dir:...}` resolver runs before the task does."""
+"""Which cluster launcher started a run, and the resolvers conf/ names its folder with. No torch
+here: resolvers run before the task does."""
 
 import os
 import socket
-from datetime import datetime
-from pathlib import Path
-from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -26,7 +23,7 @@ def restarting_launcher() -> str | None:
 
 def how_to_resume() -> str:
     if restarting_launcher() == "torchrun":
-        if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:  # each machine counts its own
+        if several_machines():  # each machine counts its own restarts
             return "torchrun restarts the job while it has restarts left; it resumes by itself"
         restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
         done = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -48,52 +45,30 @@ def job_id() -> str | None:
     torchrun = os.environ.get("TORCHELASTIC_RUN_ID")
     if torchrun and torchrun != "none":
         return f"torchrun-{torchrun}"
-    if torchrun == "none" and restarting_launcher() == "torchrun":
+    if torchrun == "none" and restarting_launcher() == "torchrun" and not several_machines():
         # No --rdzv-id: the restarted workers of one machine still share their agent (parent).
-        if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:
-            raise UserError(
-                "torchrun with --max-restarts on several machines needs --rdzv-id=<job name>: "
-                "it names the run folder that restarted workers go back to."
-            )
         return f"torchrun-{socket.gethostname()}-{os.getppid()}"
     return None
 
 
-def run_id() -> str:
-    return job_id() or datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+def several_machines() -> bool:  # torchrun's agents, one a machine
+    return int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1
 
 
-def run_dir(runs_root: str, ckpt_path: str | None, overrides: Any = None, fits: Any = True) -> str:
-    """The folder of a training run that continues an earlier run of the same command (overrides
-    but ckpt_path): `last`, the newest that holds a checkpoint; `auto`, the job's own folder under
-    a cluster launcher, else the newest unfinished one; a checkpoint file of one, that one. Else
-    a new `<runs_root>/<run id>`."""
-    root = Path(runs_root)
-    if ckpt_path == "auto" and job_id():
-        return str(root / run_id())
-    if fits and ckpt_path and root.is_dir():
-        command = _without_ckpt_path(overrides or [])
-        runs = [run for run in root.iterdir() if _command(run) == command]
-        if ckpt_path == "auto":
-            runs = [run for run in runs if not (run / "metrics.json").exists()]
-        if ckpt_path in ("last", "auto"):
-            newest = {
-                r: max((p.stat().st_mtime for p in r.glob("checkpoints/*.ckpt")), default=0)
-                for r in runs
-            }
-            if any(newest.values()):
-                return str(max(newest, key=newest.__getitem__))
-        else:  # <run>/checkpoints/<file>
-            run = Path(ckpt_path).expanduser().resolve().parent.parent
-            if run in {r.resolve() for r in runs}:
-                return str(run)
-    return str(root / run_id())
+def check_job_named() -> None:
+    """A job torchrun restarts needs a name that its restarted workers find their folder by."""
+    if restarting_launcher() == "torchrun" and job_id() is None:
+        raise UserError(
+            "torchrun with --max-restarts on several machines needs --rdzv-id=<job name>: "
+            "it names the run folder that restarted workers go back to."
+        )
 
 
-def _command(run: Path) -> list[str] | None:
-    saved = run / ".hydra" / "overrides.yaml"
-    return _without_ckpt_path(OmegaConf.load(saved)) if saved.is_file() else None
-
-
-def _without_ckpt_path(overrides) -> list[str]:
-    return [o for o in overrides if not o.startswith("ckpt_path=")]
+def register_resolvers() -> None:
+    """The resolvers conf/ uses, for the entry points (and anything else that composes conf/)
+    to call before Hydra composes it. Neither reads the disk."""
+    # `${cwd:}`: `-m` resolves `hydra.sweep.dir` before `${hydra:runtime.cwd}` exists.
+    OmegaConf.register_new_resolver("cwd", os.getcwd, replace=True)
+    # `${job_id:<default>}`: the launcher's job id (run folder of every process and restart of
+    # one job), else the default (a new `${now:...}` folder).
+    OmegaConf.register_new_resolver("job_id", lambda default: job_id() or default, replace=True)

@@ -10,6 +10,7 @@ from helpers import write_cifar10
 
 from litforge.data.cifar10 import CIFAR10, CIFAR10DataModule, CIFARFormatError
 from litforge.data.sources import locate
+from litforge.errors import UserError
 
 
 def make(data_dir, **kwargs):
@@ -87,7 +88,7 @@ def test_malformed_batches_are_named(tmp_path, damage, message):
 
 
 def test_val_size_beyond_the_training_set_is_refused():
-    with pytest.raises(ValueError, match="val_size=50000 must be below the 50000"):
+    with pytest.raises(UserError, match="val_size=50000 must be below the 50000"):
         make("unused", val_size=50000)
 
 

@@ -297,7 +297,7 @@ def test_bad_settings_name_their_key(tmp_path):
         ({"on_bad_file": "ignore"}, "on_bad_file='ignore'"),
         ({"balance": "oversample"}, "balance='oversample'"),
     ]:
-        with pytest.raises(ValueError, match=words):
+        with pytest.raises(UserError, match=words):
             make(root, **kwargs)
 
 

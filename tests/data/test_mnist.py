@@ -122,5 +122,5 @@ def test_a_fold_outside_num_folds_is_refused_saying_which_are(tmp_path):
         UserError, match=r"data.fold=4 is not a fold of data.num_folds=4: give 0 to 3"
     ):
         make(tmp_path, num_folds=4, fold=4)
-    with pytest.raises(ValueError, match="num_folds=1 is out of range"):
+    with pytest.raises(UserError, match="num_folds=1 is out of range"):
         make(tmp_path, num_folds=1)

@@ -66,7 +66,7 @@ def test_sweep_summary_has_failed_rows_and_seed_means(tmp_path, idx_data_dir):
     assert "Traceback" not in result.stderr
     assert "error: 2 job(s) of the sweep failed:" in result.stderr
     assert re.search(
-        r"#\d \(.*data.val_size=100000.*\): data: val_size=100000 must be below", result.stderr
+        r"#\d \(.*data.val_size=100000.*\): val_size=100000 must be below", result.stderr
     )
 
     with (sweep_dir / "summary.csv").open() as f:
@@ -93,6 +93,10 @@ import sys
 
 import hydra
 
+from litforge.runs import register_resolvers
+
+register_resolvers()  # the resolvers conf/ uses, as every entry point of conf/ does
+
 
 @hydra.main(config_path="{conf}", config_name="train", version_base="1.3")
 def main(cfg):
@@ -106,7 +110,8 @@ main()
 
 @pytest.mark.slow
 def test_an_entry_point_of_your_own_fails_the_sweep_when_a_job_fails(tmp_path):
-    # Nothing but @hydra.main: the sweep summary callback of conf/hydra/ sets the exit status.
+    # Nothing but @hydra.main (and conf/'s resolvers): the sweep summary callback of conf/hydra/
+    # sets the exit status.
     script = tmp_path / "my_entry.py"
     script.write_text(ENTRY_POINT.format(conf=CONF))
     sweep_dir = tmp_path / "sweep"

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from litforge.errors import UserError
 from litforge.models.cnn import CNN
 
 
@@ -31,7 +32,7 @@ def test_pool_size_keeps_where_features_are():
 
 
 def test_too_many_blocks_for_the_image_size_is_a_clear_error():
-    with pytest.raises(ValueError, match="5 pooling blocks shrink 28×28 images to nothing"):
+    with pytest.raises(UserError, match="5 pooling blocks shrink 28×28 images to nothing"):
         CNN(input_shape=(1, 28, 28), num_classes=10, channels=[8] * 5)
 
 

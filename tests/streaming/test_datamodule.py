@@ -154,7 +154,7 @@ def test_what_cannot_stream_is_one_clear_error(tmp_path, shards):
         optimize_folder(str(source), str(output))
     with pytest.raises(UserError, match="holds no streaming shards.*litforge.streaming optimize"):
         StreamingDataModule(input_dir=str(tmp_path)).model_arguments()
-    with pytest.raises(ValueError, match="balance=sampler needs random access"):
+    with pytest.raises(UserError, match="balance=sampler needs random access"):
         StreamingDataModule(input_dir=str(output), balance="sampler")
     with pytest.raises(UserError, match="give data.mean and data.std"):
         StreamingDataModule(input_dir=str(output), channels=1).model_arguments()

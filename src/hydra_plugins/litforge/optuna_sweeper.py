@@ -64,7 +64,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, read_write
 
 from hydra_plugins.litforge import sweep_summary
-from litforge.errors import JobFailed, UserError
+from litforge.errors import JobFailed, UserError, one_line
 
 log = logging.getLogger(__name__)
 
@@ -282,6 +282,7 @@ class OptunaSweeper(Sweeper):
         self.config: DictConfig | None = None
         self.launcher: Any = None
 
+    @one_line  # a UserError here: one `error:` line (Hydra would print a traceback)
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
     ) -> None:
@@ -469,6 +470,7 @@ class OptunaSweeper(Sweeper):
             study.sampler = instantiate(sampler_config, seed=seed)
         return study, storage
 
+    @one_line
     def sweep(self, arguments: list[str]) -> None:
         try:
             import optuna

@@ -153,7 +153,7 @@ class InMemoryImageDataModule(DataModule):
         check_folds(num_folds, fold)
         check_number("crop_padding", crop_padding, integer=True, minimum=0)
         if val_size >= self.num_train_images:
-            raise ValueError(
+            raise UserError(
                 f"val_size={val_size} must be below the {self.num_train_images} training images "
                 f"of {self.source.name}."
             )

@@ -238,7 +238,7 @@ def check_image_arguments(
         check_number("image_size", image_size, integer=True, minimum=1)
     check_number("num_workers", num_workers, integer=True, minimum=0)
     if channels not in (None, 1, 3):
-        raise ValueError(f"channels={channels!r} is not one of: 1, 3, null (as the images).")
+        raise UserError(f"channels={channels!r} is not one of: 1, 3, null (as the images).")
     if crop_scale is not None and not (
         isinstance(crop_scale, Sequence)
         and len(crop_scale) == 2
@@ -246,14 +246,14 @@ def check_image_arguments(
         and 0 < crop_scale[0] <= crop_scale[1] <= 1
     ):
         shown = list(crop_scale) if isinstance(crop_scale, Sequence) else crop_scale
-        raise ValueError(
+        raise UserError(
             f"crop_scale={shown} is no [low, high] range within (0, 1]: give two fractions of "
             f"the image, e.g. crop_scale=[0.35,1]."
         )
     if (mean is None) != (std is None):
-        raise ValueError("mean and std go together: give both or neither.")
+        raise UserError("mean and std go together: give both or neither.")
     if balance not in BALANCES:
-        raise ValueError(f"balance={balance!r} is not one of: {', '.join(BALANCES)}.")
+        raise UserError(f"balance={balance!r} is not one of: {', '.join(BALANCES)}.")
     return None if crop_scale is None else tuple(float(v) for v in crop_scale)
 
 
@@ -351,12 +351,12 @@ class ImageFolderDataModule(ImageDataModule):
         check_choice("mix", mix, MIXES)
         check_number("mix_alpha", mix_alpha, above=True)
         if val_fraction + test_fraction >= 1:
-            raise ValueError(
+            raise UserError(
                 f"val_fraction={val_fraction} and test_fraction={test_fraction} leave no "
                 f"training images: their sum must be below 1."
             )
         if on_bad_file not in ("error", "skip"):
-            raise ValueError(f"on_bad_file={on_bad_file!r} is not one of: error, skip.")
+            raise UserError(f"on_bad_file={on_bad_file!r} is not one of: error, skip.")
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         arguments["root"] = str(Path(root).expanduser().resolve())
         self.save_hyperparameters({"name": "image_folder", **arguments})

@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 from litforge.checkpoints import LastCheckpoint
 from litforge.checks import accelerator_is_cpu
 from litforge.elastic import torchrun
+from litforge.errors import UserError
 from litforge.hooks import PreparesRun
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class Restarts(PreparesRun, L.Callback):
 
     def __init__(self, signal: str = "SIGUSR1") -> None:
         if signal not in _signal.Signals.__members__:
-            raise ValueError(f"signal={signal} is not a signal name (e.g. SIGUSR1)")
+            raise UserError(f"signal={signal} is not a signal name (e.g. SIGUSR1)")
         self.signal = _signal.Signals[signal]
         self.requested = False  # agreed by all tasks: stop and requeue
         self._signalled = False  # this task got the signal

@@ -5,6 +5,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from litforge.errors import UserError
+
 
 class CNN(nn.Module):
     """`input_shape` (C, H, W) and `num_classes` come from the datamodule, not the config."""
@@ -25,13 +27,13 @@ class CNN(nn.Module):
         super().__init__()
         in_channels, height, width = input_shape
         if height >> len(channels) == 0 or width >> len(channels) == 0:
-            raise ValueError(
+            raise UserError(
                 f"{len(channels)} pooling blocks shrink {height}×{width} images to nothing: "
                 "use fewer entries in model.net.channels."
             )
         activations = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
         if activation not in activations:
-            raise ValueError(f"activation={activation}: choose one of {', '.join(activations)}.")
+            raise UserError(f"activation={activation}: choose one of {', '.join(activations)}.")
         act = activations[activation]
         blocks: list[nn.Module] = []
         conv_args = {"kernel_size": kernel_size, "padding": kernel_size // 2, "bias": False}

@@ -311,7 +311,7 @@ class StreamingDataModule(ImageDataModule):
         check_choice("mix", mix, MIXES)
         check_number("mix_alpha", mix_alpha, above=True)
         if balance == "sampler":
-            raise ValueError(
+            raise UserError(
                 "balance=sampler needs random access to every sample, which streaming shards "
                 "do not give: use balance=loss (class weights in the loss)."
             )
