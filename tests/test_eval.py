@@ -1,6 +1,5 @@
 """`python eval.py ckpt_path=...`: test a checkpoint with the network stored in it."""
 
-
 import pytest
 import torch
 from helpers import CRAFTED, REFUSED, compose_config, crafted_checkpoint, write_idx_dataset

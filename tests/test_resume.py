@@ -216,14 +216,14 @@ def test_ckpt_path_last_continues_the_run_of_the_same_command_in_a_new_folder(
     assert "ckpt_path=last: no earlier run of this command" in other.stderr
 
 
-def test_a_folder_of_shards_resumes_only_under_a_sharding_strategy(tmp_path):
+def test_a_folder_of_shards_is_left_to_the_strategy_and_refused_by_file_readers(tmp_path):
     from litforge.resume import checked_checkpoint
 
     folder = tmp_path / "run" / "checkpoints" / "last.ckpt"
     folder.mkdir(parents=True)
     for name in (".metadata", "meta.pt"):
         (folder / name).write_bytes(b"")
-    kept = checked_checkpoint(str(folder), str(tmp_path / "run"), None, None, True, sharded=True)
+    kept = checked_checkpoint(str(folder), str(tmp_path / "run"), None, None, True)
     assert kept == (str(folder), None)  # the strategy reads it
-    with pytest.raises(UserError, match="training resumes from it with strategy=model_parallel"):
-        checked_checkpoint(str(folder), str(tmp_path / "run"), None, None, True, sharded=False)
+    with pytest.raises(UserError, match="is a folder of shards: training resumes from it with"):
+        AtomicCheckpointIO().load_checkpoint(folder)

@@ -44,6 +44,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         finally:
             partial.unlink(missing_ok=True)
 
+    def load_checkpoint(self, path, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if Path(path).is_dir():  # the strategies that write folders of shards read them too
+            raise UserError(
+                f"{path} is a folder of shards: training resumes from it with the strategy and "
+                f"sizes that wrote it (to test it: train=false)."
+            )
+        return super().load_checkpoint(path, *args, **kwargs)
+
 
 class LastCheckpoint(ModelCheckpoint):
     """`last.ckpt` every epoch, on SIGTERM, and every `every_n_train_steps` (against kill -9).

@@ -119,7 +119,9 @@ def _new_run_dir(cfg: Any) -> Path | None:
     or `hydra.run.dir=<a run>`)."""
     from hydra.core.hydra_config import HydraConfig
 
-    if _hydra_mode() != "RUN" or cfg.get("sweep_name"):  # sweep_name: a subprocess launcher's job
+    kept = _hydra_mode() != "RUN"
+    kept = kept or bool(cfg.get("sweep_name"))  # feature: sweeps
+    if kept:
         return None
     ranks = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")  # Lightning's DDP, torchrun, SLURM
     if any(os.environ.get(rank, "0") != "0" for rank in ranks):

@@ -19,7 +19,6 @@ import torch
 from hydra.errors import InstantiationException
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.profilers import PassThroughProfiler
-from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -214,7 +213,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """Fit, then test the best checkpoint; with `train=false`, test `ckpt_path`."""
     start(cfg)
     fitting = cfg.get("train")
-    ckpt_path, checkpoint = resume.default_checkpoint(cfg.get("ckpt_path")), None
+    ckpt_path, checkpoint = cfg.get("ckpt_path"), None
     if ckpt_path == "auto":  # before the loggers, which append to a resumed run's logs
         found = resume.auto_checkpoint(cfg.paths.output_dir, fitting=fitting)
         ckpt_path = str(found) if found else None
@@ -223,9 +222,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     model = build_model(cfg, datamodule)
     trainer = build_trainer(cfg)
     if ckpt_path:
-        sharded = isinstance(trainer.strategy, (ModelParallelStrategy, FSDPStrategy))
         ckpt_path, checkpoint = resume.checked_checkpoint(
-            ckpt_path, cfg.paths.output_dir, model, datamodule.hparams.get("name"), fitting, sharded
+            ckpt_path, cfg.paths.output_dir, model, datamodule.hparams.get("name"), fitting
         )
     if isinstance(trainer.strategy, ChecksFit):  # before processes start
         trainer.strategy.check_fit(model, ckpt_path if fitting else None)
@@ -310,7 +308,7 @@ def finish(cfg: DictConfig, trainer: L.Trainer, metrics: dict[str, float]) -> di
         metrics_json = json.dumps(metrics, indent=2, sort_keys=True)
         (output_dir / "metrics.json").write_text(metrics_json + "\n")
         best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else None
-        for logger in trainer.loggers:  # loggers that keep files: MLflow's
+        for logger in trainer.loggers:
             if isinstance(logger, LogsRunFiles):
                 logger.log_run_files(output_dir, best)
         print_metrics(metrics, output_dir)

@@ -17,7 +17,6 @@ from omegaconf import OmegaConf
 
 from litforge import checkpoints
 from litforge.errors import UserError
-from litforge.runs import check_job_named, how_to_resume, restarting_launcher
 
 log = logging.getLogger(__name__)
 # Once per job: Lightning knows the rank from the launcher's environment before the strategy does.
@@ -41,10 +40,8 @@ def stopped_by_sigterm(trainer: L.Trainer, what: str) -> Iterator[None]:
         sys.exit(143)
 
 
-def default_checkpoint(ckpt_path: str | None) -> str | None:
-    """Unset: `auto` where a launcher reruns a failed job (torchrun --max-restarts, SLURM)."""
-    check_job_named()
-    return ckpt_path if ckpt_path is not None or not restarting_launcher() else "auto"
+def how_to_resume() -> str:
+    return "to resume, run the same command with ckpt_path=last"
 
 
 def newest_loadable(
@@ -127,23 +124,14 @@ def _command_of(overrides: Any) -> list[str]:
 
 
 def checked_checkpoint(
-    ckpt_path: str,
-    output_dir: str,
-    model: L.LightningModule,
-    dataset: str | None,
-    fitting: bool,
-    sharded: bool,
+    ckpt_path: str, output_dir: str, model: L.LightningModule, dataset: str | None, fitting: bool
 ) -> tuple[str, dict[str, Any] | None]:
     """The checkpoint `ckpt_path` names and its contents, checked to fit `model` and `dataset`;
-    a folder of shards to fit from is left to the (`sharded`) strategy."""
+    a folder of shards to fit from is the strategy's to read (one that reads files refuses it:
+    `checkpoints.AtomicCheckpointIO`)."""
     if ckpt_path == "last":
         ckpt_path = str(last_checkpoint(Path(output_dir)))
-    if fitting and checkpoints.is_whole(Path(ckpt_path)):  # a folder of shards (others: below)
-        if not sharded:
-            raise UserError(
-                f"{ckpt_path} is a folder of shards: training resumes from it with "
-                f"strategy=model_parallel at the size that wrote it (to test it: train=false)."
-            )
+    if fitting and checkpoints.is_whole(Path(ckpt_path)):
         return ckpt_path, None
     checkpoint = checkpoints.read_checkpoint(ckpt_path)
     checkpoints.check_same_dataset(checkpoint, dataset, ckpt_path, model.hparams.get("class_names"))

@@ -9,7 +9,7 @@ import signal
 import torch
 from lightning.pytorch.strategies import DDPStrategy as _LightningDDPStrategy
 
-from litforge.runs import how_to_resume
+from litforge.resume import how_to_resume
 
 log = logging.getLogger(__name__)
 # What gloo and NCCL say when a peer is gone; "pair closure": a hung peer (a plain RuntimeError).

@@ -18,13 +18,16 @@ from helpers import (
     ROOT,
     SLURM,
     assert_same_run,
+    compose_config,
     free_port,
     pythonpath,
+    run_in_process,
     tiny_run_args,
     write_idx_dataset,
 )
 
 from litforge.elastic import torchrun as restart_store
+from litforge.elastic.restarts import Restarts
 
 
 @pytest.fixture(scope="module")
@@ -125,9 +128,7 @@ def test_torchrun_restarts_a_lost_worker_and_the_job_ends_as_if_uninterrupted(
     assert len(errors) == 1, output[-4000:]  # the survivor, in one line; no traceback
     assert errors[0].startswith("error: rank 0 lost contact with the other processes of the job")
     assert re.search(why, errors[0]), errors[0]
-    assert errors[0].endswith(
-        "torchrun restarts the job (restart 1 of 1), which resumes from its last checkpoint."
-    )
+    assert "torchrun restarts the job (restart 1 of 1); it resumes by itself." in output
     assert "Traceback" not in output
     assert_same_run(run, uninterrupted_torchrun)
 
@@ -234,3 +235,34 @@ def test_a_requeued_slurm_job_resumes_from_its_last_checkpoint(
     assert f"Resuming from {run / 'checkpoints'}/{resumed_from}" in output
     assert not list(tmp_path.rglob("hpc_ckpt_*")), "Lightning's own requeue checkpoints"
     assert_same_run(run, uninterrupted_torchrun)
+
+
+@pytest.mark.parametrize(
+    ("variables", "default"),
+    [
+        ({}, None),
+        ({"TORCHELASTIC_RUN_ID": "j", "TORCHELASTIC_MAX_RESTARTS": "0"}, None),
+        ({"TORCHELASTIC_RUN_ID": "j", "TORCHELASTIC_MAX_RESTARTS": "3"}, "auto"),
+        ({**SLURM, "SLURM_JOB_ID": "12"}, "auto"),
+        ({**SLURM, "SLURM_JOB_ID": "12", "SLURM_JOB_NAME": "bash"}, None),  # srun --pty bash
+    ],
+    ids=["plain", "torchrun", "torchrun-restarts", "slurm", "slurm-interactive"],
+)
+def test_ckpt_path_is_auto_where_a_launcher_runs_the_job_again(
+    tmp_path, launched, variables, default
+):
+    launched(**variables)
+    cfg = compose_config("train", tmp_path)
+    Restarts.prepare_run(cfg)
+    assert cfg.ckpt_path == default
+
+
+def test_torchrun_restarts_without_a_job_name_are_one_line_from_the_cli(tmp_path):
+    unnamed = {"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_MAX_RESTARTS": "1"}
+    result = run_in_process("train.py", f"paths.log_dir={tmp_path}", env=unnamed)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: torchrun with --max-restarts needs --rdzv-id=<job name>: it names the run "
+        "folder that restarted workers go back to."
+    )
+    assert not any((tmp_path / "train" / "runs").iterdir())  # the run's folder went

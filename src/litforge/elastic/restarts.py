@@ -5,8 +5,9 @@
 - SLURM: one checkpoint and a requeue (`requeue_job`) on the job's warning signal before its
   time limit.
 
-A job that is run again goes on from its last checkpoint by itself: `ckpt_path` is then `auto`
-(the core's `litforge.resume.auto_checkpoint`, in the folder `litforge.runs.job_id` names).
+A job that is run again goes on from its last checkpoint by itself: under these launchers an
+unset `ckpt_path` becomes `auto` (`prepare_run`; the core's `litforge.resume.auto_checkpoint`,
+in the folder named after the job: `litforge.runs.job_id`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from litforge.checks import accelerator_is_cpu
 from litforge.elastic import torchrun
 from litforge.errors import UserError
 from litforge.hooks import PreparesRun
+from litforge.runs import job_id, slurm_batch_job
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +48,17 @@ class Restarts(PreparesRun, L.Callback):
 
     @classmethod
     def prepare_run(cls, cfg: DictConfig) -> None:
-        """Under torchrun with restarts, form the job's process group in the restart-safe store
-        (the strategy's backend and timeout), before the Trainer is built."""
+        """Where a launcher runs the job again: `ckpt_path` unset becomes `auto`. Under torchrun
+        with restarts, the job's process group is formed in the restart-safe store (the
+        strategy's backend and timeout), before the Trainer is built."""
+        launcher = restarting_launcher()
+        if launcher == "torchrun" and job_id() is None:
+            raise UserError(
+                "torchrun with --max-restarts needs --rdzv-id=<job name>: it names the run "
+                "folder that restarted workers go back to."
+            )
+        if launcher and cfg.get("train") and cfg.get("ckpt_path") is None:
+            cfg.ckpt_path = "auto"
         strategy, trainer = cfg.get("strategy") or {}, cfg.get("trainer") or {}
         if not torchrun.shared_agent_store():
             return
@@ -85,6 +96,8 @@ class Restarts(PreparesRun, L.Callback):
         self._signalled = True
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if restarting_launcher() == "torchrun" and not isinstance(exception, SIGTERMException):
+            log.warning(torchrun_restarts())
         if not (self.requested and isinstance(exception, SIGTERMException)):
             return
         # Requeued only once last.ckpt is saved (Lightning calls checkpoint callbacks last).
@@ -104,6 +117,26 @@ class Restarts(PreparesRun, L.Callback):
         if trainer.strategy.reduce_boolean_decision(self._signalled, all=False):
             self.requested = True
             trainer._signal_connector.received_sigterm = True
+
+
+def restarting_launcher() -> str | None:
+    """The launcher that runs this job again when it fails: torchrun --max-restarts, SLURM."""
+    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0:
+        return "torchrun"
+    return "slurm" if slurm_batch_job() else None
+
+
+def torchrun_restarts() -> str:
+    """What torchrun does next (each machine counts its own restarts)."""
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    done = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:
+        return "torchrun restarts the job while it has restarts left; it resumes by itself."
+    if done < restarts:
+        return (
+            f"torchrun restarts the job (restart {done + 1} of {restarts}); it resumes by itself."
+        )
+    return "torchrun has no restarts left."
 
 
 def requeue_job() -> None:

@@ -48,7 +48,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from litforge.errors import UserError, number_problem
 from litforge.hooks import PreparesRun
-from litforge.runs import restarting_launcher
 from litforge.strategies import ReportsLostProcesses
 
 log = logging.getLogger(__name__)
@@ -821,7 +820,8 @@ class ParameterServerStrategy(
 def check_parameter_server(cfg: DictConfig) -> None:
     """What `strategy=parameter_server` needs, named by config keys."""
     trainer, strategy = cfg.trainer, cfg.strategy
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and restarting_launcher():
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and restarts > 0:
         # Its groups meet in the store torchrun's agent keeps across restarts: restarted
         # workers would look for the dead workers' addresses there (pytorch #135712).
         raise UserError(
