@@ -44,6 +44,7 @@ from hydra.utils import instantiate
 
 from litforge.data.images import normalize
 from litforge.pipeline import build_datamodule, build_model, build_trainer, fit
+from litforge.runs import register_resolvers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,6 +77,7 @@ def apply_gpu_settings(cfg) -> None:
 
 
 def config(model: str, epochs: int, output_dir: str, overrides: list[str]):
+    register_resolvers()  # as the entry points do
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return compose(
             "train",

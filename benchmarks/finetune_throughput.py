@@ -32,6 +32,7 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 
 from litforge.pipeline import build_datamodule, build_model, build_trainer, fit
+from litforge.runs import register_resolvers
 
 ROOT = Path(__file__).resolve().parents[1]
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -105,6 +106,7 @@ class BatchTimer(L.Callback):
 
 
 def template_rates(root: Path, args, size: int, extra: list[str]) -> tuple[float, float]:
+    register_resolvers()  # as the entry points do
     with tempfile.TemporaryDirectory() as output_dir:
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
             cfg = compose(

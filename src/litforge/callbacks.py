@@ -8,6 +8,7 @@ from typing import Any
 from unittest import mock
 
 import lightning as L
+import lightning.pytorch.callbacks
 import rich
 import torch
 from lightning.pytorch.callbacks import RichModelSummary as _LightningRichModelSummary
@@ -99,6 +100,27 @@ class LogRunConfig(L.Callback):
         config = {**self.config, "batch_size": {"per_device": per_device, "global": total}}
         for logger in trainer.loggers:
             logger.log_hyperparams(config)
+
+
+class LearningRateMonitor(lightning.pytorch.callbacks.LearningRateMonitor):
+    """Lightning's, which logs per epoch when an epoch starts: an epoch resumed mid-way, which
+    Lightning starts without that hook, gets its rates into the run's metrics at its first batch
+    (not into the loggers, which have them from before the stop)."""
+
+    _epoch = -1  # the epoch whose start was seen
+
+    def on_train_epoch_start(self, trainer, *args: Any, **kwargs: Any) -> None:
+        self._epoch = trainer.current_epoch
+        super().on_train_epoch_start(trainer, *args, **kwargs)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.logging_interval == "epoch" and self._epoch != trainer.current_epoch:
+            loggers, trainer.loggers = trainer.loggers, []
+            try:
+                self.on_train_epoch_start(trainer, pl_module)
+            finally:
+                trainer.loggers = loggers
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
 
 
 class StopOnNonFiniteLoss(L.Callback):

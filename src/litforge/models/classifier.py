@@ -83,6 +83,8 @@ class ClassificationModule(L.LightningModule):
         # mean loss is repeated once per sample instead).
         self.train_loss = MeanMetric(nan_strategy="disable")
         self.train_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
+        for metric in (self.train_loss, self.train_acc):  # an epoch resumed mid-way goes on
+            metric.persistent(True)  # from what it had counted (rank 0's, under DDP)
         metrics = MetricCollection(
             {
                 "acc": MulticlassAccuracy(num_classes, average="micro"),
@@ -134,6 +136,16 @@ class ClassificationModule(L.LightningModule):
         self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True)
         self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, prog_bar=True)
         return loss
+
+    def on_train_start(self) -> None:
+        if self.trainer.global_rank > 0:  # each process saved rank 0's sums: counted once
+            self.train_loss.reset()
+            self.train_acc.reset()
+
+    def on_train_epoch_start(self) -> None:
+        # (Not called for an epoch resumed mid-way.) A checkpoint at an epoch's end holds its sums.
+        self.train_loss.reset()
+        self.train_acc.reset()
 
     def validation_step(self, batch, batch_idx: int) -> None:
         x, y = batch
