@@ -151,8 +151,10 @@ class StopOnNonFiniteLoss(L.Callback):
     def check(self, trainer: L.Trainer) -> None:
         if self.first_bad is None or trainer.state.fn != "fit":
             return
-        # Every process stops together, whichever saw it: the largest first bad step of all.
-        step = int(trainer.strategy.reduce(self.first_bad.clone(), reduce_op="max"))
+        first_bad = self.first_bad.clone()
+        if trainer.world_size > 1:  # every process stops together, whichever saw it
+            first_bad = trainer.strategy.reduce(first_bad, reduce_op="max")
+        step = int(first_bad)
         if step >= 0:
             self.first_bad = None
             kept = trainer.checkpoint_callback
