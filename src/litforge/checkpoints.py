@@ -83,7 +83,7 @@ class LastCheckpoint(ModelCheckpoint):
     def save(self, trainer: L.Trainer) -> None:
         """Write last.ckpt now (every process takes part: sharded strategies write together)."""
         self.best_model_path = str(self.path)  # before: the checkpoint holds this callback's state
-        trainer.save_checkpoint(self.path)
+        trainer.save_checkpoint(self.path, weights_only=False)  # the whole state, to resume
         if trainer.is_global_zero:
             log.info(
                 f"Saved {self.path} (epoch {trainer.current_epoch}, step {trainer.global_step})"

@@ -31,9 +31,9 @@ def plain(config: Any) -> Any:
 class ClassificationModule(L.LightningModule):
     """`net`, `optimizer` and `scheduler` are Hydra configs (the latter two `_partial_: true`), kept
     as plain dicts: `load_from_checkpoint(path, weights_only=True)` rebuilds the module without
-    Hydra's objects or pickles. Logged: `train/loss`, `train/acc` (each step, and the epoch's
-    mean), `{val,test}/loss`, `/acc`, `/f1` (macro), `/acc_balanced` (the mean of the per-class
-    recalls), `val/acc_best`."""
+    Hydra's objects or pickles. Logged: `train/loss_step` (each step), `train/loss` and
+    `train/acc` (the epoch's), `{val,test}/loss`, `/acc`, `/f1` (macro), `/acc_balanced` (the
+    mean of the per-class recalls), `val/acc_best`."""
 
     def __init__(
         self,
@@ -131,11 +131,17 @@ class ClassificationModule(L.LightningModule):
         x, y = batch
         logits = self(x)
         loss = self.loss(logits, y)
-        self.train_loss(loss.detach().expand(len(y)))  # this batch's loss, and the epoch's
+        self.train_loss.update(loss.detach().expand(len(y)))  # (per sample)
         self.train_acc.update(logits, y.argmax(dim=1) if y.ndim > 1 else y)  # (data.mix: blends)
-        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True)
-        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, prog_bar=True)
+        self.log("train/loss_step", loss, prog_bar=True)
         return loss
+
+    def on_train_epoch_end(self) -> None:
+        # The epoch's means over every process's samples (compute() syncs them), logged once: a
+        # metric logged in the step costs ~1 ms there on a CPU. (A fork's own step may not count.)
+        if self.train_loss.update_called:
+            means = {"train/loss": self.train_loss.compute(), "train/acc": self.train_acc.compute()}
+            self.log_dict(means, prog_bar=True, sync_dist=True)
 
     def on_train_start(self) -> None:
         if self.trainer.global_rank > 0:  # each process saved rank 0's sums: counted once
