@@ -106,10 +106,10 @@ def test_progress_bar_shows_the_step_loss_and_the_epochs_validation(console_run)
 @pytest.mark.parametrize("script", ["train.py", "eval.py"])
 def test_a_config_mistake_leaves_no_run_folder(tmp_path, script):
     run_dir = tmp_path / "runs" / "run"
-    args = ["data.batch_size=0", f"hydra.run.dir={run_dir}"]
+    args = ["seed=abc", f"hydra.run.dir={run_dir}"]
     result = run_in_process(script, *args, *(["ckpt_path=x.ckpt"] if script == "eval.py" else []))
     assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1].startswith("error: data.batch_size=0 is out")
+    assert result.stderr.strip().splitlines()[-1].startswith("error: seed='abc' is not a number")
     assert "Config:" not in result.stdout, "checks come before the summary"
     assert not run_dir.exists()
     assert (tmp_path / "runs").is_dir(), "only the run's own folder goes"

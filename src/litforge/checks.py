@@ -1,5 +1,5 @@
-"""Config checks, named by their config keys, before any data is read or process launched. The
-classes check their own arguments too (for use without Hydra), and what only the data can tell."""
+"""Config checks, named by their config keys, before any data is read or process launched: the
+values no constructor checks (a datamodule checks its own `data.*` settings, once)."""
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -12,10 +12,6 @@ NUMBERS = {  # key: what `number_problem` checks it for
     "model.optimizer.weight_decay": {},
     "model.label_smoothing": {},
     "model.backbone_lr_scale": {},
-    "data.batch_size": {"integer": True, "minimum": 1},
-    "data.val_size": {"integer": True},
-    "data.crop_padding": {"integer": True},
-    "data.num_workers": {"integer": True},
     "trainer.max_epochs": {"integer": True, "minimum": -1},
     "trainer.accumulate_grad_batches": {"integer": True, "minimum": 1},
 }

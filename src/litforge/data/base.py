@@ -32,7 +32,7 @@ def check_choice(key: str, value: object, choices: Sequence[str]) -> None:
 
 def check_folds(num_folds: int | None, fold: int) -> None:
     if num_folds is not None:
-        check_number("num_folds", num_folds, integer=True, minimum=2)
+        check_number("data.num_folds", num_folds, integer=True, minimum=2)
     if num_folds is not None and fold not in range(num_folds):
         raise UserError(
             f"data.fold={fold} is not a fold of data.num_folds={num_folds}: give 0 to "
@@ -146,12 +146,12 @@ class InMemoryImageDataModule(DataModule):
         seed: int | None = 0,
     ) -> None:
         super().__init__()
-        check_number("batch_size", batch_size, integer=True, minimum=1)
+        check_number("data.batch_size", batch_size, integer=True, minimum=1)
         check_choice("mix", mix, MIXES)
-        check_number("mix_alpha", mix_alpha, above=True)
-        check_number("val_size", val_size, integer=True, minimum=0)
+        check_number("data.mix_alpha", mix_alpha, above=True)
+        check_number("data.val_size", val_size, integer=True, minimum=0)
         check_folds(num_folds, fold)
-        check_number("crop_padding", crop_padding, integer=True, minimum=0)
+        check_number("data.crop_padding", crop_padding, integer=True, minimum=0)
         if val_size >= self.num_train_images:
             raise UserError(
                 f"val_size={val_size} must be below the {self.num_train_images} training images "

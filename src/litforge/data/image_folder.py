@@ -232,11 +232,11 @@ class FileBatchLoader(ResumesMidEpoch):
 def check_image_arguments(
     batch_size, image_size, channels, crop_scale, mean, std, num_workers, balance, max_image_pixels
 ) -> tuple[float, float] | None:
-    check_number("batch_size", batch_size, integer=True, minimum=1)
-    check_number("max_image_pixels", max_image_pixels, integer=True, minimum=1)
+    check_number("data.batch_size", batch_size, integer=True, minimum=1)
+    check_number("data.max_image_pixels", max_image_pixels, integer=True, minimum=1)
     if image_size is not None:
-        check_number("image_size", image_size, integer=True, minimum=1)
-    check_number("num_workers", num_workers, integer=True, minimum=0)
+        check_number("data.image_size", image_size, integer=True, minimum=1)
+    check_number("data.num_workers", num_workers, integer=True, minimum=0)
     if channels not in (None, 1, 3):
         raise UserError(f"channels={channels!r} is not one of: 1, 3, null (as the images).")
     if crop_scale is not None and not (
@@ -341,15 +341,15 @@ class ImageFolderDataModule(ImageDataModule):
             batch_size, image_size, channels, crop_scale, mean, std, num_workers, balance,
             max_image_pixels,
         )  # fmt: skip
-        check_number("val_fraction", val_fraction)
-        check_number("test_fraction", test_fraction)
+        check_number("data.val_fraction", val_fraction)
+        check_number("data.test_fraction", test_fraction)
         check_folds(num_folds, fold)
-        check_number("stats_images", stats_images, integer=True, minimum=1)
+        check_number("data.stats_images", stats_images, integer=True, minimum=1)
         check_choice("auto_augment", auto_augment, tuple(AUTO_AUGMENTS))
         check_choice("interpolation", interpolation, INTERPOLATIONS)
         interpolation = interpolation or "bilinear"  # null: a checkpoint's (eval.py), else this
         check_choice("mix", mix, MIXES)
-        check_number("mix_alpha", mix_alpha, above=True)
+        check_number("data.mix_alpha", mix_alpha, above=True)
         if val_fraction + test_fraction >= 1:
             raise UserError(
                 f"val_fraction={val_fraction} and test_fraction={test_fraction} leave no "
