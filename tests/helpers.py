@@ -986,3 +986,9 @@ class SignSGD(torch.optim.Optimizer):
                 if p.grad is not None:
                     p.add_(p.grad.sign(), alpha=-group["lr"])
         return loss
+
+
+def model_weights(state_dict: dict) -> dict:
+    """A checkpoint's state_dict less the training statistics' counts, which are each process's
+    own (a checkpoint holds rank 0's): what runs on other numbers of processes share."""
+    return {k: v for k, v in state_dict.items() if not k.startswith(("train_loss.", "train_acc."))}

@@ -14,6 +14,7 @@ from helpers import (
     assert_dead_rank_named,
     compose_config,
     free_port,
+    model_weights,
     run_in_process,
     run_script,
     tiny_run_args,
@@ -129,7 +130,7 @@ def test_two_process_ddp_steps_equal_one_process_steps(tmp_path, idx_data_dir):
         assert (
             torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
         )
-    for key, value in weights["single"].items():
+    for key, value in model_weights(weights["single"]).items():
         torch.testing.assert_close(weights["ddp"][key], value, rtol=1e-5, atol=1e-6, msg=key)
 
 

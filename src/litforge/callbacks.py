@@ -126,7 +126,7 @@ class LearningRateMonitor(lightning.pytorch.callbacks.LearningRateMonitor):
 class StopOnNonFiniteLoss(L.Callback):
     """Stop once a training loss was NaN or infinite, saying at which step, before any later
     checkpoint is written. Checked when Lightning logs (every `log_every_n_steps`), at an epoch's
-    last batch and before each checkpoint: each step only marks, on its device, the first bad
+    end and before each checkpoint: each step only marks, on its device, the first bad
     step (a check every step would wait for the GPU)."""
 
     def __init__(self) -> None:
@@ -141,18 +141,22 @@ class StopOnNonFiniteLoss(L.Callback):
             self.first_bad = torch.where(bad, trainer.global_step, self.first_bad)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        last = batch_idx + 1 >= trainer.num_training_batches
-        if last or (trainer.global_step + 1) % trainer.log_every_n_steps == 0:
-            self.check(trainer)
+        # This process's own losses only: processes may step apart (a parameter server's async
+        # workers), and under DDP a NaN reaches every process's weights at the next step.
+        if (trainer.global_step + 1) % trainer.log_every_n_steps == 0:
+            self.check(trainer, together=False)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.check(trainer)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         self.check(trainer)
 
-    def check(self, trainer: L.Trainer) -> None:
+    def check(self, trainer: L.Trainer, together: bool = True) -> None:
         if self.first_bad is None or trainer.state.fn != "fit":
             return
         first_bad = self.first_bad.clone()
-        if trainer.world_size > 1:  # every process stops together, whichever saw it
+        if together and trainer.world_size > 1:  # every process stops, whichever saw it
             first_bad = trainer.strategy.reduce(first_bad, reduce_op="max")
         step = int(first_bad)
         if step >= 0:
