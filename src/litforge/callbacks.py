@@ -141,10 +141,8 @@ class StopOnNonFiniteLoss(L.Callback):
             self.first_bad = torch.where(bad, trainer.global_step, self.first_bad)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        # This process's own losses only: processes may step apart (a parameter server's async
-        # workers), and under DDP a NaN reaches every process's weights at the next step.
         if (trainer.global_step + 1) % trainer.log_every_n_steps == 0:
-            self.check(trainer, together=False)
+            self.check(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.check(trainer)
@@ -152,13 +150,13 @@ class StopOnNonFiniteLoss(L.Callback):
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         self.check(trainer)
 
-    def check(self, trainer: L.Trainer, together: bool = True) -> None:
+    def check(self, trainer: L.Trainer) -> None:
+        """This process's own losses only: no collective, as processes may step apart (a
+        parameter server's async workers); under DDP a NaN reaches every process's weights
+        through the gradients, so the others stop at the same check or the next."""
         if self.first_bad is None or trainer.state.fn != "fit":
             return
-        first_bad = self.first_bad.clone()
-        if together and trainer.world_size > 1:  # every process stops, whichever saw it
-            first_bad = trainer.strategy.reduce(first_bad, reduce_op="max")
-        step = int(first_bad)
+        step = int(self.first_bad)
         if step >= 0:
             self.first_bad = None
             kept = trainer.checkpoint_callback
