@@ -3,6 +3,10 @@ upgrade would otherwise be an audit. Feature folders may use it where nothing pu
 comment naming the upstream issue."""
 
 import ast
+import importlib
+import inspect
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,3 +89,52 @@ def test_the_check_finds_what_it_looks_for():
             ".fit_loop",
         ]
     )
+
+
+def inherited_private_uses(path: Path) -> list[str]:
+    """`self._x` in a core class where `_x` belongs to a Lightning class it extends (a logger's
+    `_experiment`, a callback's `_last_global_step_saved`): a private attribute by inheritance."""
+    name = ".".join(path.relative_to(SRC.parent).with_suffix("").parts)
+    module = importlib.import_module(name)
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        lightnings = [
+            c for c in getattr(module, node.name).__mro__ if c.__module__.split(".")[0] in LIGHTNING
+        ]
+        sources = [inspect.getsource(c) for c in lightnings]
+        for used in ast.walk(node):
+            if (
+                isinstance(used, ast.Attribute)
+                and used.attr.startswith("_")
+                and not used.attr.startswith("__")
+                and isinstance(used.value, ast.Name)
+                and used.value.id == "self"
+                and any(re.search(rf"\b{used.attr}\b", source) for source in sources)
+            ):
+                found.append(
+                    f"{name}:{used.lineno}: self.{used.attr} (of {lightnings[0].__name__})"
+                )
+    return found
+
+
+@pytest.mark.parametrize("path", CORE, ids=lambda p: str(p.relative_to(SRC)))
+def test_no_private_attribute_of_a_lightning_class_in_the_core(path):
+    assert inherited_private_uses(path) == []
+
+
+def test_the_inherited_check_finds_a_loggers_private_attribute(tmp_path, monkeypatch):
+    package = tmp_path / "litforge_probe"
+    package.mkdir()
+    (package / "probe.py").write_text(
+        "import lightning.pytorch.loggers\n"
+        "class Logger(lightning.pytorch.loggers.CSVLogger):\n"
+        "    def experiment(self):\n"
+        "        self._mine = 1\n"
+        "        return self._experiment\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "SRC", package)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = inherited_private_uses(package / "probe.py")
+    assert [line.split(": ", 1)[1] for line in found] == ["self._experiment (of CSVLogger)"]

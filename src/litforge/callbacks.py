@@ -11,8 +11,6 @@ import lightning as L
 import lightning.pytorch.callbacks
 import rich
 import torch
-from lightning.pytorch.callbacks import RichModelSummary as _LightningRichModelSummary
-from lightning.pytorch.callbacks import RichProgressBar as _LightningRichProgressBar
 from omegaconf import OmegaConf
 from rich.progress import ProgressColumn, Task
 from rich.table import Table
@@ -34,7 +32,7 @@ class _Speed(ProgressColumn):
         return Text(f"{speed:.2f}it/s" if speed else "", style="dim underline")
 
 
-class RichProgressBar(_LightningRichProgressBar):
+class RichProgressBar(lightning.pytorch.callbacks.RichProgressBar):
     """Redrawn every `refresh_rate` (config: 20) batches on rank 0 only: Lightning's (2.6.6) after
     every batch, ~1 ms a step on a CPU (Lightning #13937, #20300)."""
 
@@ -59,14 +57,15 @@ class RichProgressBar(_LightningRichProgressBar):
             super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, *args)
 
 
-class RichModelSummary(_LightningRichModelSummary):
+class RichModelSummary(lightning.pytorch.callbacks.RichModelSummary):
     """Without the FLOPs column and `Total FLOPs: 0` where none were counted: Lightning counts
     them only on an `example_input_array`, which the pipeline sets only for a logger's graph."""
 
     @staticmethod
     def summarize(*args: Any, total_flops: int, **kwargs: Any) -> None:
+        lightnings = lightning.pytorch.callbacks.RichModelSummary.summarize
         if total_flops:
-            _LightningRichModelSummary.summarize(*args, total_flops=total_flops, **kwargs)
+            lightnings(*args, total_flops=total_flops, **kwargs)
             return
         console = rich.get_console()
 
@@ -77,7 +76,7 @@ class RichModelSummary(_LightningRichModelSummary):
             console.print(table, highlight=False)
 
         with mock.patch("rich.get_console", return_value=SimpleNamespace(print=show)):
-            _LightningRichModelSummary.summarize(*args, total_flops=0, **kwargs)
+            lightnings(*args, total_flops=0, **kwargs)
 
 
 class LogRunConfig(L.Callback):
@@ -151,9 +150,9 @@ class StopOnNonFiniteLoss(L.Callback):
         self.check(trainer)
 
     def check(self, trainer: L.Trainer) -> None:
-        """This process's own losses only: no collective, as processes may step apart (a
-        parameter server's async workers); under DDP a NaN reaches every process's weights
-        through the gradients, so the others stop at the same check or the next."""
+        """This process's own losses only: no collective, as processes may step apart (workers
+        that train asynchronously); under DDP a NaN reaches every process's weights through the
+        gradients, so the others stop at the same check or the next."""
         if self.first_bad is None or trainer.state.fn != "fit":
             return
         step = int(self.first_bad)

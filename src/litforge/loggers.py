@@ -4,23 +4,25 @@ import csv
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch.loggers
 from lightning.fabric.loggers.logger import rank_zero_experiment
-from lightning.pytorch.loggers import CSVLogger as _LightningCSVLogger
 
 
-class CSVLogger(_LightningCSVLogger):
+class CSVLogger(lightning.pytorch.loggers.CSVLogger):
     """A resumed run (`resume_from`: its ckpt_path) appends to its folder's metrics.csv, which
     Lightning's deletes (by design since 2.2.1: Lightning #19446)."""
 
     def __init__(self, *args: Any, resume_from: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._resume_from = resume_from
+        self._started = False
 
     @property
     @rank_zero_experiment  # only rank 0 reads and rewrites metrics.csv (the others raced it)
     def experiment(self):
-        if self._experiment is not None:
-            return self._experiment
+        if self._started:
+            return super().experiment
+        self._started = True
         metrics_file = Path(self.log_dir) / "metrics.csv"
         kept = None
         if self._resume_from and metrics_file.is_file():

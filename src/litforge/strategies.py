@@ -6,8 +6,8 @@ import logging
 import re
 import signal
 
+import lightning.pytorch.strategies
 import torch
-from lightning.pytorch.strategies import DDPStrategy as _LightningDDPStrategy
 
 from litforge.resume import how_to_resume
 
@@ -77,7 +77,7 @@ def _is_communication_error(exception: BaseException) -> bool:
     )
 
 
-class DDPStrategy(ReportsLostProcesses, _LightningDDPStrategy):
+class DDPStrategy(ReportsLostProcesses, lightning.pytorch.strategies.DDPStrategy):
     """Lightning (2.6.6) registers `ddp_comm_hook` (fp16, bf16, PowerSGD) only on CUDA and drops
     it silently otherwise; torch runs these hooks on gloo too: registered here once the model is
     wrapped (`configure_ddp`), with torch's `DistributedDataParallel.register_comm_hook`."""
