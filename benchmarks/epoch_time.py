@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+from litforge.data.base import model_arguments
 from litforge.data.images import normalize
 from litforge.pipeline import build_datamodule, build_model, build_trainer, fit
 from litforge.runs import register_resolvers
@@ -139,7 +140,7 @@ def bare_lightning_epochs(
         apply_gpu_settings(cfg)
         L.seed_everything(0, verbose=False)
         datamodule = build_datamodule(cfg)
-        shape = datamodule.model_arguments()["input_shape"]
+        shape = model_arguments(datamodule)["input_shape"]
         net = instantiate(cfg.model.net, input_shape=shape, num_classes=10)
         if cfg.model.get("channels_last"):
             net = net.to(memory_format=torch.channels_last)

@@ -1,5 +1,5 @@
 """The one pipeline behind `train.py` and `eval.py`; nothing here knows the task. A run: config
-checks → datamodule → model (`datamodule.model_arguments()`) → Trainer (what the config lists) →
+checks → datamodule → model (`model_arguments(datamodule)`) → Trainer (what the config lists) →
 fit and test the best checkpoint, or test the module a checkpoint names → `metrics.json`."""
 
 import contextlib
@@ -26,6 +26,7 @@ from litforge import checkpoints, resume
 from litforge.callbacks import LogRunConfig
 from litforge.checks import accelerator_is_cpu, check_config
 from litforge.console import print_config, print_metrics, quiet_lightning
+from litforge.data.base import model_arguments
 from litforge.errors import UserError, user_error
 from litforge.hooks import ChecksFit, LogsRunFiles, PreparesRun
 from litforge.strategies import ReportsLostProcesses
@@ -112,10 +113,11 @@ def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
 
 def build_model(cfg: DictConfig, datamodule: L.LightningDataModule) -> L.LightningModule:
     # net, optimizer and scheduler stay configs: the module builds them.
-    model = instantiate(cfg.model, **datamodule.model_arguments(), _recursive_=False)
+    arguments = model_arguments(datamodule)
+    model = instantiate(cfg.model, **arguments, _recursive_=False)
     if any(entry and entry.get("log_graph") for entry in (cfg.get("logger") or {}).values()):
         # Only then: the model summary would run it too, which a sharded model can't on one rank.
-        model.example_input_array = datamodule.example_input()
+        model.example_input_array = torch.zeros(2, *arguments["input_shape"])
     return model
 
 
@@ -258,7 +260,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     checkpoint = checkpoints.read_checkpoint(cfg.ckpt_path)
     data_from_checkpoint(cfg, checkpoint)
     datamodule = build_datamodule(cfg)
-    name, classes = datamodule.hparams.get("name"), datamodule.model_arguments().get("class_names")
+    name, classes = datamodule.hparams.get("name"), model_arguments(datamodule)["class_names"]
     checkpoints.check_same_dataset(checkpoint, name, cfg.ckpt_path, classes)
     # The settings come from the checkpoint; `model=` may name the module class.
     target = cfg.model._target_ if cfg.get("model") else None

@@ -19,7 +19,7 @@ from helpers import (
 )
 from omegaconf import OmegaConf
 
-from litforge.data.base import DataModule
+from litforge.data.base import DataModule, model_arguments
 from litforge.data.image_folder import STATS_FILE, ImageFolderDataModule
 from litforge.data.images import decode, fit
 from litforge.data.mnist import MNISTDataModule
@@ -34,6 +34,11 @@ def folder(tmp_path, train=20, test=None, **kwargs):
     if test:
         counts["test"] = dict.fromkeys(CLASSES, test)
     return write_image_folder(tmp_path / "images", counts, **kwargs)
+
+
+def batches_of(dm, loader) -> list:
+    """The loader's batches as the model gets them before the device (bad files handled)."""
+    return [dm.on_before_batch_transfer(batch, 0) for batch in loader]
 
 
 def photos(root, sizes=(128,), per_class=12):
@@ -58,7 +63,7 @@ def make(root, **kwargs):
 
 def test_classes_shape_and_carved_splits(tmp_path):
     dm = make(folder(tmp_path, train=20), val_fraction=0.2, test_fraction=0.1)
-    arguments = dm.model_arguments()
+    arguments = model_arguments(dm)
     assert arguments["class_names"] == CLASSES
     assert arguments["input_shape"] == (3, 20, 20)  # 20×24 images: shorter side, center
     counts = {s: [len(dm.splits[s][c]) for c in CLASSES] for s in ("train", "val", "test")}
@@ -111,7 +116,7 @@ def test_batches_are_uint8_until_normalized_on_the_device(tmp_path):
     dm = make(folder(tmp_path, train=20), batch_size=8, image_size=16)
     dm.setup("fit")
     loader = dm.train_dataloader()
-    batches = list(loader)
+    batches = batches_of(dm, loader)
     assert len(batches) == len(loader) == 6  # 3 × (20 - 2 val - 2 test) images
     images, labels = batches[0]
     assert images.dtype == torch.uint8 and images.shape == (8, 3, 16, 16)
@@ -130,7 +135,7 @@ def test_worker_processes_give_the_same_batches(tmp_path):
         augment = {"crop_scale": [0.5, 1], "horizontal_flip": True}
         dm = make(root, batch_size=5, num_workers=workers, **augment)
         dm.setup("fit")
-        batches[workers] = list(dm.train_dataloader())
+        batches[workers] = batches_of(dm, dm.train_dataloader())
     for (a, la), (b, lb) in zip(batches[0], batches[2], strict=True):
         assert torch.equal(a, b) and torch.equal(la, lb)
 
@@ -155,17 +160,16 @@ def test_the_loader_resumes_mid_epoch_with_the_next_batch(tmp_path):
     dm.setup("fit")
     loader = dm.train_dataloader()
     loader.sampler.set_epoch(3)
-    everything = list(loader)
+    everything = batches_of(dm, loader)
     stopped = dm.train_dataloader()
     stopped.sampler.set_epoch(3)
     iterator = iter(stopped)
     next(iterator), next(iterator)
-    state = stopped.state_dict()
-    assert state == {"epoch": 3, "batches": 2}
+    state = stopped.state_dict()  # what Lightning checkpoints (a StatefulDataLoader's)
     resumed = dm.train_dataloader()
     resumed.load_state_dict(state)
     resumed.sampler.set_epoch(3)
-    rest = list(resumed)
+    rest = batches_of(dm, resumed)
     assert len(rest) == len(everything) - 2
     for (a, la), (b, lb) in zip(rest, everything[2:], strict=True):
         assert torch.equal(a, b) and torch.equal(la, lb)
@@ -182,7 +186,7 @@ def test_processes_share_out_each_epoch(tmp_path):
             distributed_sampler_kwargs=shard,
             strategy=SimpleNamespace(root_device=torch.device("cpu")),
         )
-        seen.append(dm.train_dataloader().sampler.indices().tolist())
+        seen.append([index for index, _, _ in dm.train_dataloader().sampler])
     assert len(seen[0]) == len(seen[1]) == 11  # 3 × 7 training images, evened out by one
     assert set(seen[0]) | set(seen[1]) == set(range(21))
 
@@ -224,14 +228,14 @@ def test_a_folder_that_cannot_work_is_one_clear_error_before_training(tmp_path, 
     if layout == "too_few":  # 10% of one image rounds to none, 60% to one: none left
         write_image_folder(root, {"train": {"cat": 1, "dog": 4}})
         with pytest.raises(UserError, match=words):
-            make(root, val_fraction=0.6, test_fraction=0.1).model_arguments()
+            model_arguments(make(root, val_fraction=0.6, test_fraction=0.1))
         return
     with pytest.raises(UserError, match=words):
-        make(root).model_arguments()
+        model_arguments(make(root))
 
 
 BAD_FILES = {  # the bytes, what the log says of them
-    "broken": (b"\xff\xd8\xff not really a jpeg", "not an image torchvision or PIL can read"),
+    "broken": (b"\xff\xd8\xff not really a jpeg", "not an image TorchCodec or PIL can read"),
     "empty": (b"", "an empty file (0 bytes)"),
     "bomb": (png_bomb(10_000, 10_000), "10000x10000 pixels, more than the 89,478,485"),
 }
@@ -254,11 +258,12 @@ def test_a_file_that_does_not_decode_stops_the_run_or_is_skipped(
     loader = dm.train_dataloader()
     if on_bad_file == "error":
         with pytest.raises(UserError, match=f"cannot decode {bad}.*data.on_bad_file=skip"):
-            list(loader)
+            batches_of(dm, loader)
     else:
-        for _ in range(2):  # a second epoch too: workers meet it again
-            [(images, labels)] = list(loader)
-            assert len(images) == len(labels) == 29 and loader.skipped == 1
+        for epoch in range(2):  # a second epoch too: workers meet it again
+            dm.trainer = SimpleNamespace(current_epoch=epoch)
+            [(images, labels)] = batches_of(dm, loader)
+            assert len(images) == len(labels) == 29 and dm.skipped == (epoch, 1)
         assert f"Left out {bad} ({reason}" in caplog.text and "(1 this epoch" in caplog.text
 
 
@@ -280,11 +285,11 @@ def test_balance_by_sampler_or_loss(tmp_path):
     labels = []
     for epoch in range(5):
         loader.sampler.set_epoch(epoch)
-        labels += [y for _, y in loader]
+        labels += [y for _, y in batches_of(sampled, loader)]
     assert 0.4 < torch.cat(labels).float().mean() < 0.6  # rare drawn about as often as common
     weighted = make(root, balance="loss", val_fraction=0, test_fraction=0)
-    assert weighted.model_arguments()["class_weights"] == pytest.approx([0.55, 5.5])
-    assert "class_weights" not in make(root).model_arguments()
+    assert model_arguments(weighted)["class_weights"] == pytest.approx([0.55, 5.5])
+    assert "class_weights" not in model_arguments(make(root))
 
 
 def test_bad_settings_name_their_key(tmp_path):
@@ -418,7 +423,7 @@ def test_given_statistics_and_crop_go_into_checkpoints_as_plain_values(tmp_path)
 def test_a_flat_folder_is_carved_into_three_splits_seeded_and_stratified(tmp_path):
     root = photos(tmp_path / "flat", per_class=20)
     dm = make(root, val_fraction=0.2, test_fraction=0.1)
-    assert dm.model_arguments()["input_shape"] == (3, 128, 128)
+    assert model_arguments(dm)["input_shape"] == (3, 128, 128)
     counts = {s: [len(dm.splits[s][c]) for c in CLASSES] for s in ("train", "val", "test")}
     assert counts == {"train": [14] * 3, "val": [4] * 3, "test": [2] * 3}  # every class in each
     files = [{p for c in CLASSES for p in dm.splits[s][c]} for s in ("train", "val", "test")]
@@ -454,16 +459,16 @@ def test_images_of_mixed_sizes_train_at_their_median_size(tmp_path, caplog):
     ) in caplog.text
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["hyper_parameters"]["input_shape"] == [3, 144, 144]
-    assert make(root, image_size=96).model_arguments()["input_shape"] == (3, 96, 96)  # given
+    assert model_arguments(make(root, image_size=96))["input_shape"] == (3, 96, 96)  # given
     big = photos(tmp_path / "big", sizes=(300,), per_class=2)
-    assert make(big).model_arguments()["input_shape"] == (3, 224, 224)  # MAX_AUTO_SIZE
+    assert model_arguments(make(big))["input_shape"] == (3, 224, 224)  # MAX_AUTO_SIZE
 
 
 def test_the_interpolation_is_that_of_every_resize_and_comes_from_checkpoints(tmp_path):
     root = photos(tmp_path / "photos", sizes=(160,), per_class=10)
     dm = make(root, image_size=128, interpolation="nearest", crop_scale=[0.5, 1], batch_size=64)
     dm.setup("fit")
-    images, _ = next(iter(dm.val_dataloader()))
+    images, _, _ = next(iter(dm.val_dataloader()))
     first = sorted(p for c in CLASSES[:1] for p in dm.splits["val"][c])[0]
     decoded = decode(first.read_bytes(), 3)
     assert torch.equal(images[0], fit(decoded, 128, "nearest"))

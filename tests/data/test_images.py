@@ -93,10 +93,10 @@ def bmp_header(width: int, height: int) -> bytes:
 def test_an_image_of_too_many_pixels_is_refused_before_decoding(
     monkeypatch, data, max_pixels, message
 ):
-    def no_decoding():
+    def no_decoding(*args):
         raise AssertionError("decoded")
 
-    monkeypatch.setattr("litforge.data.images._torchvision_decoder", no_decoding)
+    monkeypatch.setattr("litforge.data.images._decode_with_torchcodec", no_decoding)
     monkeypatch.setattr("litforge.data.images._decode_with_pil", no_decoding)
     limit = {} if max_pixels is None else {"max_pixels": max_pixels}
     with pytest.raises(BadImageError, match=re.escape(message)):
@@ -104,15 +104,15 @@ def test_an_image_of_too_many_pixels_is_refused_before_decoding(
 
 
 def test_an_animated_gif_decodes_its_first_frame_alone(monkeypatch):
-    """torchvision would decode every frame: 100 frames of a few KB unpack into 100 images."""
+    """TorchCodec would decode every frame: 100 frames of a few KB unpack into 100 images."""
     frames = [Image.fromarray(np.full((12, 16, 3), 2 * i, np.uint8)) for i in range(100)]
     out = io.BytesIO()
     frames[0].save(out, format="GIF", save_all=True, append_images=frames[1:])
 
-    def no_decoding():
-        raise AssertionError("torchvision decoded the GIF")
+    def no_decoding(*args):
+        raise AssertionError("TorchCodec decoded the GIF")
 
-    monkeypatch.setattr("litforge.data.images._torchvision_decoder", no_decoding)
+    monkeypatch.setattr("litforge.data.images._decode_with_torchcodec", no_decoding)
     assert decode(out.getvalue(), 3).shape == (3, 12, 16)
 
 

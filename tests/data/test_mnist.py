@@ -4,6 +4,7 @@ import pytest
 import torch
 from helpers import compose_config, write_idx_dataset
 
+from litforge.data.base import model_arguments
 from litforge.data.idx import IDXFormatError
 from litforge.data.mnist import MNISTDataModule
 from litforge.errors import UserError
@@ -19,11 +20,13 @@ def test_splits_shapes_and_normalization(tmp_path):
     dm.prepare_data()
     dm.setup()
     assert [len(dm.splits[s][1]) for s in ("train", "val", "test")] == [240, 60, 50]
-    x, y = next(iter(dm.train_dataloader()))
+    batch = next(iter(dm.train_dataloader()))
+    assert batch[0].dtype == torch.uint8  # normalized on the training device:
+    x, y = dm.on_after_batch_transfer(batch, 0)
     assert x.shape == (64, 1, 28, 28) and x.dtype == torch.float32
     assert y.dtype == torch.int64 and int(y.min()) >= 0 and int(y.max()) <= 9
-    assert dm.model_arguments()["input_shape"] == (1, 28, 28)
-    assert dm.model_arguments()["num_classes"] == 10
+    assert model_arguments(dm)["input_shape"] == (1, 28, 28)
+    assert model_arguments(dm)["num_classes"] == 10
     # normalized with MNIST's mean/std: a 0 pixel becomes -mean/std
     assert torch.isclose(x.min(), torch.tensor(-0.1307 / 0.3081), atol=1e-4)
     assert len(dm.train_dataloader()) == 4 and len(dm.test_dataloader()) == 1
@@ -63,7 +66,7 @@ def test_the_epochs_are_ordered_by_the_configs_seed_not_the_environment(tmp_path
     sampler.set_epoch(1)
     assert sampler.seed == 3  # as PL_GLOBAL_SEED=3 gave: the same batches as before
     expected = torch.randperm(80, generator=torch.Generator().manual_seed(3 + 1))
-    assert sampler.indices().tolist() == expected.tolist()
+    assert list(sampler) == expected.tolist()
     # No seed: 0, as an unseeded run had.
     assert make(tmp_path, seed=None).hparams.seed is None
     unseeded = compose_config(

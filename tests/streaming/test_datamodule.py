@@ -23,6 +23,7 @@ from litforge.errors import UserError
 
 pytest.importorskip("litdata", reason="data=streaming needs litdata: pip install -e '.[dev]'")
 
+from litforge.data.base import model_arguments
 from litforge.pipeline import train  # noqa: E402
 from litforge.streaming.datamodule import META_FILE, StreamingDataModule, optimize_folder  # noqa: E402
 
@@ -83,7 +84,7 @@ def test_shards_of_pixels_give_the_batches_shards_of_files_give(shards, tmp_path
         samples.append(sorted(images))  # LitData's workers may lay the chunks out in any order
     assert len(samples[0]) == 18 and samples[0] == samples[1]
     with pytest.raises(UserError, match="holds 3-channel pixels, data.channels=1"):
-        StreamingDataModule(input_dir=str(pixels), channels=1).model_arguments()
+        model_arguments(StreamingDataModule(input_dir=str(pixels), channels=1))
 
 
 def train_on_shards(tmp_path, shards_dir, epochs: int, *overrides: str) -> dict[str, float]:
@@ -153,11 +154,11 @@ def test_what_cannot_stream_is_one_clear_error(tmp_path, shards):
     with pytest.raises(UserError, match="exists and is not empty"):
         optimize_folder(str(source), str(output))
     with pytest.raises(UserError, match="holds no streaming shards.*litforge.streaming optimize"):
-        StreamingDataModule(input_dir=str(tmp_path)).model_arguments()
+        model_arguments(StreamingDataModule(input_dir=str(tmp_path)))
     with pytest.raises(UserError, match="balance=sampler needs random access"):
         StreamingDataModule(input_dir=str(output), balance="sampler")
     with pytest.raises(UserError, match="give data.mean and data.std"):
-        StreamingDataModule(input_dir=str(output), channels=1).model_arguments()
+        model_arguments(StreamingDataModule(input_dir=str(output), channels=1))
 
 
 @pytest.mark.slow

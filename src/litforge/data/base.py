@@ -1,20 +1,24 @@
-"""`DataModule`: what every datamodule gives the pipeline. `InMemoryImageDataModule`: datasets
-that fit in memory, whose subclass says how to read its files (`load_split`) and what the data is
+"""`ImageClassificationData`: what the pipeline asks of any datamodule. `DataModule`: ours, which
+normalize and augment batches on the training device. `InMemoryImageDataModule`: datasets that
+fit in memory, whose subclass says how to read its files (`load_split`) and what the data is
 (`source`, `input_shape`, `class_names`, `mean`, `std`). The rest is shared: find or download the
 files, decode them once to uint8 tensors (cached), carve a validation split (seeded by
-`split_seed` alone: it stays put while run seeds vary), and serve whole batches from tensors on
-the training device (`TensorBatchLoader`, no workers). Data that does not fit: `image_folder.py`."""
+`split_seed` alone: it stays put while run seeds vary), and gather whole batches from tensors on
+the training device (`TensorImages`, no workers). Data that does not fit: `image_folder.py`."""
 
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Protocol, runtime_checkable
 
 import lightning as L
 import torch
+from torch.utils.data import DataLoader, Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
 
-from litforge.data.images import normalize, seeded
-from litforge.data.loaders import BatchAugment, EpochShuffler, TensorBatchLoader
+from litforge.data.images import BatchAugment, normalize, seeded
+from litforge.data.samplers import EpochSampler, evaluation_sampler
 from litforge.data.sources import DatasetSource, locate
 from litforge.errors import UserError, check_number
 
@@ -52,75 +56,146 @@ def fold_split(labels: Sequence[int], num_folds: int, fold: int, seed: int):
     return (folds != fold).nonzero().squeeze(1), (folds == fold).nonzero().squeeze(1)
 
 
-class DataModule(L.LightningDataModule):
-    """The model is built with `model_arguments()` (checkpoints keep them: a loaded model knows
-    its input and classes); `input_shape`, `class_names`, `mean`, `std` are set by `inspect()`.
-    A subclass gives each split's batches: `_loader(split, train)`."""
+@runtime_checkable
+class ImageClassificationData(Protocol):
+    """What the pipeline reads off a datamodule to build the model: a plain
+    `LightningDataModule` of yours that has these serves (docs/data.md). Its loaders give
+    (images, labels) batches, images normalized by `mean` and `std` or left uint8 for
+    `DataModule` to normalize."""
 
+    class_names: Sequence[str]
     input_shape: tuple[int, int, int]  # channels, height, width
-    class_names: tuple[str, ...]
     mean: Sequence[float]  # per channel, of the training images scaled to [0, 1]
     std: Sequence[float]
+
+
+def model_arguments(datamodule: L.LightningDataModule) -> dict[str, object]:
+    """What the model is built with (checkpoints keep them: a loaded model knows its input and
+    classes)."""
+    if isinstance(datamodule, DataModule):
+        datamodule.inspect()
+    if not isinstance(datamodule, ImageClassificationData):
+        missing = [n for n in ImageClassificationData.__annotations__ if not hasattr(datamodule, n)]
+        raise UserError(
+            f"{type(datamodule).__name__} has no {', '.join(missing)}: the pipeline builds the "
+            f"model from a datamodule's class_names, input_shape, mean and std (docs/data.md, "
+            f"'A datamodule of your own')."
+        )
+    arguments = {
+        "input_shape": tuple(datamodule.input_shape),
+        "num_classes": len(datamodule.class_names),
+        "class_names": tuple(datamodule.class_names),
+        "mean": list(datamodule.mean),
+        "std": list(datamodule.std),
+    }
+    if isinstance(datamodule, DataModule) and datamodule.class_weights is not None:
+        arguments["class_weights"] = datamodule.class_weights
+    return arguments
+
+
+class DataModule(L.LightningDataModule):
+    """What the pipeline asks of a datamodule (`ImageClassificationData`), found out by
+    `inspect()`; each split's `torch.utils.data.DataLoader` from `loader(split, train)`. Batches
+    arrive as uint8 images and int64 labels; `on_after_batch_transfer`, on the training device,
+    normalizes them (every device alike) and, in training, augments whole batches: a subclass's
+    `batch_augment`, then `data.mix`."""
+
+    input_shape: tuple[int, int, int]
+    class_names: tuple[str, ...]
+    mean: Sequence[float]
+    std: Sequence[float]
+    class_weights: list[float] | None = None  # of the training loss (data.balance=loss)
+    batch_augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None
 
     def inspect(self) -> None:
         """Find out the classes, image shape and statistics (once; cheap when repeated)."""
 
-    def model_arguments(self) -> dict[str, object]:
-        self.inspect()
-        return {
-            "input_shape": tuple(self.input_shape),
-            "num_classes": len(self.class_names),
-            "class_names": self.class_names,
-            "mean": list(self.mean),
-            "std": list(self.std),
-        }
+    def loader(self, split: str, train: bool) -> DataLoader:
+        raise NotImplementedError
 
-    def example_input(self) -> torch.Tensor:  # what TensorBoard traces the model's graph with
-        self.inspect()
-        return torch.zeros(2, *self.input_shape)
+    def train_dataloader(self) -> DataLoader:
+        return self.loader("train", train=True)
 
-    # `data.mix`: the training batches of the current epoch blended so far (checkpointed by
-    # Lightning through `state_dict`: a run resumed mid-epoch goes on with the same draws).
-    mixed = {"epoch": -1, "batches": 0}
+    def val_dataloader(self) -> DataLoader:
+        return self.loader("val", train=False)
 
-    def state_dict(self) -> dict[str, int]:
-        return dict(self.mixed) if self.hparams.get("mix") else {}
-
-    def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        self.mixed = {"epoch": int(state_dict["epoch"]), "batches": int(state_dict["batches"])}
-
-    def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        """`data.mix`: training batches blended by MixUp, CutMix or either (`both`), on the
-        device; their labels become per-class probabilities."""
-        hp, trainer = self.hparams, self.trainer
-        if not hp.get("mix") or trainer is None or not trainer.training:
-            return batch
-        from torchvision.transforms import v2
-
-        if getattr(self, "_mix", None) is None:
-            given = {"alpha": hp.mix_alpha, "num_classes": len(self.class_names)}
-            mixes = {"mixup": v2.MixUp(**given), "cutmix": v2.CutMix(**given)}
-            mixes["both"] = v2.RandomChoice(list(mixes.values()))
-            self._mix = mixes[hp.mix]
-        # Seeded by the batch: the batches before it this epoch, resumed runs too.
-        epoch = trainer.current_epoch
-        batch_index = self.mixed["batches"] if self.mixed["epoch"] == epoch else 0
-        self.mixed = {"epoch": epoch, "batches": batch_index + 1}
-        with seeded(hp.seed or 0, epoch, batch_index, trainer.global_rank):
-            return self._mix(*batch)
+    def test_dataloader(self) -> DataLoader:
+        return self.loader("test", train=False)
 
     def shard(self) -> dict[str, int]:
         """`num_replicas` and `rank` of this process under DDP; empty otherwise."""
         return (self.trainer.distributed_sampler_kwargs if self.trainer is not None else None) or {}
 
-    def train_dataloader(self):
-        return self._loader("train", train=True)
+    # The training batches of the current epoch augmented so far, which seed the next one's
+    # draws: checkpointed by Lightning (`state_dict`), so a run resumed mid-epoch draws the same.
+    augmented = {"epoch": -1, "batches": 0}
 
-    def val_dataloader(self):
-        return self._loader("val", train=False)
+    def state_dict(self) -> dict[str, int]:
+        return dict(self.augmented)
 
-    def test_dataloader(self):
-        return self._loader("test", train=False)
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        if state_dict:  # (empty from checkpoints of data without batch augmentation)
+            self.augmented = {k: int(state_dict[k]) for k in ("epoch", "batches")}
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        images, labels = batch
+        if getattr(self, "stats_on", None) != images.device:  # copied to a device once
+            self.stats_on, self.stats = (
+                images.device,
+                [torch.tensor(v, device=images.device) for v in (self.mean, self.std)],
+            )
+        images = normalize(images, *self.stats)
+        trainer, hp = self.trainer, self.hparams
+        if trainer is None or not trainer.training:
+            return images, labels
+        if self.batch_augment is None and not hp.get("mix"):
+            return images, labels
+        # Seeded by the batch's place: the batches before it this epoch (resumed runs too).
+        epoch = trainer.current_epoch
+        index = self.augmented["batches"] if self.augmented["epoch"] == epoch else 0
+        self.augmented = {"epoch": epoch, "batches": index + 1}
+        key = (hp.seed or 0, epoch, index, trainer.global_rank)
+        if self.batch_augment is not None:
+            generator = torch.Generator(images.device).manual_seed(hash(key) & (2**63 - 1))
+            images = self.batch_augment(images, generator)
+        if hp.get("mix"):  # MixUp, CutMix or either (`both`): labels become probabilities
+            with seeded(*key):
+                images, labels = self.mix(images, labels)
+        return images, labels
+
+    @functools.cached_property
+    def mix(self):
+        from torchvision.transforms import v2
+
+        given = {"alpha": self.hparams.mix_alpha, "num_classes": len(self.class_names)}
+        mixes = {"mixup": v2.MixUp(**given), "cutmix": v2.CutMix(**given)}
+        mixes["both"] = v2.RandomChoice(list(mixes.values()))
+        return mixes[self.hparams.mix]
+
+
+class TensorImages(Dataset):
+    """uint8 images and labels in memory, on the training device: a batch is one gather
+    (`__getitems__`: the DataLoader hands it the batch's indices), no per-sample Python."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        self.images, self.labels = images, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.images[index], self.labels[index]
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.tensor(indices)
+        if self.images.device.type == "cuda":  # (pinned: no wait for the GPU)
+            index = index.pin_memory().to(self.images.device, non_blocking=True)
+        return self.images[index], self.labels[index]
+
+
+def as_batch(batch):
+    """The DataLoader's `collate_fn` where the dataset makes whole batches itself."""
+    return batch
 
 
 class InMemoryImageDataModule(DataModule):
@@ -161,6 +236,9 @@ class InMemoryImageDataModule(DataModule):
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.save_hyperparameters({"name": self.source.name, **arguments})
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # uint8 images, labels
+        if crop_padding or horizontal_flip:
+            black = [-m / s for m, s in zip(self.mean, self.std, strict=True)]
+            self.batch_augment = BatchAugment(crop_padding, horizontal_flip, black)
 
     def load_split(self, directory: Path, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Read the train or test split from `directory`: uint8 images N×C×H×W, int64 labels N."""
@@ -239,14 +317,14 @@ class InMemoryImageDataModule(DataModule):
             self.splits["val"] = (images[val], labels[val])
             self.splits["train"] = (images[train], labels[train])
 
-    def _loader(self, split: str, train: bool) -> TensorBatchLoader:
-        hp, mean, std, trainer = self.hparams, self.mean, self.std, self.trainer
+    def loader(self, split: str, train: bool) -> DataLoader:
         images, labels = self.splits[split]
-        device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
-        if device.type == "cpu":  # normalized once, instead of once per batch
-            images = normalize(images, torch.tensor(mean), torch.tensor(std))
-        black = [-m / s for m, s in zip(mean, std, strict=True)]
-        augment = BatchAugment(hp.crop_padding, hp.horizontal_flip, black) if train else None
-        sampler = EpochShuffler(len(labels), train, seed=hp.seed or 0, **self.shard())
-        images, labels = images.to(device), labels.to(device)
-        return TensorBatchLoader(images, labels, hp.batch_size, sampler, mean, std, augment)
+        device = self.trainer.strategy.root_device if self.trainer else torch.device("cpu")
+        dataset = TensorImages(images.to(device), labels.to(device))
+        if train:
+            sampler = EpochSampler(len(dataset), seed=self.hparams.seed or 0, **self.shard())
+        else:
+            sampler = evaluation_sampler(len(dataset), **self.shard())
+        return StatefulDataLoader(
+            dataset, batch_size=self.hparams.batch_size, sampler=sampler, collate_fn=as_batch
+        )

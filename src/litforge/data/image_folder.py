@@ -13,14 +13,14 @@ model is built; a file that does not decode stops it (`on_bad_file="error"`) or 
 import hashlib
 import json
 import logging
-import math
 import os
 import statistics
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from litforge.data.base import MIXES, DataModule, check_choice, check_folds, fold_split
 from litforge.data.images import (
@@ -33,9 +33,8 @@ from litforge.data.images import (
     channel_stats,
     decode,
     fit,
-    normalize,
 )
-from litforge.data.loaders import EpochShuffler, ResumesMidEpoch
+from litforge.data.samplers import EpochSampler, evaluation_sampler
 from litforge.errors import UserError, check_number
 
 log = logging.getLogger(__name__)
@@ -158,75 +157,34 @@ def fold_files(files: Files, hp) -> tuple[Files, Files]:
 
 
 class ImageFiles(Dataset):
-    """Fetched a batch at a time: `files[(epoch, first key, indices)]`, keys numbering the epoch's
-    samples, gives uint8 images, int64 labels and the bad files ("path (reason)")."""
+    """Image files decoded one at a time, in the DataLoader's workers. In training an item is
+    (index, key, epoch) (`EpochSampler(keyed=True)`), which seeds the sample's random
+    transforms; else an index. A sample is (uint8 image, label, None), or (None, label,
+    "path (why)") for a file that does not decode: `collate_files` leaves it out of the batch."""
 
     def __init__(self, paths: list[Path], labels: list[int], transform: SampleTransform) -> None:
         self.paths, self.labels, self.transform = paths, labels, transform
 
-    def __getitem__(self, batch: tuple[int, int, list[int]]):
-        epoch, first_key, indices = batch
-        images, labels, bad = [], [], []
-        for key, index in enumerate(indices, start=first_key):
-            path = self.paths[index]
-            try:
-                images.append(self.transform(path.read_bytes(), key, epoch))
-                labels.append(self.labels[index])
-            except (BadImageError, OSError) as err:
-                bad.append(f"{path} ({err})")
-        if not images:
-            return None, None, bad
-        return torch.stack(images), torch.tensor(labels), bad
-
-
-class _EpochBatches:
-    """The loader's sampler: this epoch's indices for this process in batches, from batch `skip`.
-    Training leaves out a last batch of one image: batch norm cannot train on a single sample."""
-
-    def __init__(self, sampler: EpochShuffler, batch_size: int, train: bool) -> None:
-        self.sampler, self.batch_size, self.drop_single, self.skip = sampler, batch_size, train, 0
-
-    def __len__(self) -> int:  # the skipped batches included
-        n = len(self.sampler)
-        if self.drop_single and n > 1 and n % self.batch_size == 1:
-            n -= 1
-        return math.ceil(n / self.batch_size)
-
-    def __iter__(self) -> Iterator[tuple[int, int, list[int]]]:
-        indices = self.sampler.indices().tolist()
-        first_key = self.sampler.rank * len(self.sampler)  # unique over processes
-        size = self.batch_size
-        for start in range(self.skip * size, len(self) * size, size):
-            yield self.sampler.epoch, first_key + start, indices[start : start + size]
-
-
-class FileBatchLoader(ResumesMidEpoch):
-    """The batches of `loader` (of `ImageFiles`, its sampler an `_EpochBatches`)."""
-
-    def __init__(self, loader: DataLoader, on_bad_file: str) -> None:
-        self._loader, self._batches, self.on_bad_file = loader, loader.sampler, on_bad_file
-        self.sampler: EpochShuffler = self._batches.sampler
-        self.skipped = 0  # files that did not decode, this epoch
-
     def __len__(self) -> int:
-        return len(self._batches)
+        return len(self.paths)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        self._batches.skip = self.start_epoch()
-        self.skipped = 0
-        for images, labels, bad in self._loader:
-            if bad and self.on_bad_file == "error":
-                raise cannot_decode(bad[0])
-            if images is None:  # no batch to give: under DDP the processes would fall out of step
-                raise UserError(
-                    f"none of the {len(bad)} files of a batch decodes (e.g. {bad[0]}): the "
-                    f"folder looks damaged."
-                )
-            for line in bad:
-                self.skipped += 1
-                log.warning(f"Left out {line} ({self.skipped} this epoch; data.on_bad_file=skip)")
-            self.handed_out += 1
-            yield images, labels
+    def __getitem__(self, item: int | tuple[int, int, int]):
+        index, key, epoch = item if isinstance(item, tuple) else (item, item, 0)
+        path, label = self.paths[index], self.labels[index]
+        try:
+            return self.transform(path.read_bytes(), key, epoch), label, None
+        except (BadImageError, OSError) as err:
+            return None, label, f"{path} ({err})"
+
+
+def collate_files(samples: list[tuple]) -> tuple[torch.Tensor | None, torch.Tensor | None, list]:
+    """A batch of `ImageFiles` samples: the images that decoded, their labels, the bad files."""
+    good = [(image, label) for image, label, _ in samples if image is not None]
+    bad = [why for _, _, why in samples if why is not None]
+    if not good:
+        return None, None, bad
+    images, labels = zip(*good, strict=True)
+    return torch.stack(images), torch.tensor(labels), bad
 
 
 def check_image_arguments(
@@ -265,13 +223,13 @@ class ImageDataModule(DataModule):
     def input_shape(self) -> tuple[int, int, int]:
         return self.channels, self.image_size, self.image_size
 
-    def model_arguments(self) -> dict[str, object]:
-        arguments = super().model_arguments()
-        if self.hparams.balance == "loss":  # 1 for a class of the mean count, more for rarer ones
-            total, k = sum(self.train_counts), len(self.train_counts)
-            weights = [round(total / (k * max(n, 1)), 6) for n in self.train_counts]
-            arguments["class_weights"] = weights
-        return arguments
+    @property
+    def class_weights(self) -> list[float] | None:
+        """`balance=loss`: 1 for a class of the mean count, more for rarer ones."""
+        if self.hparams.balance != "loss":
+            return None
+        total, k = sum(self.train_counts), len(self.train_counts)
+        return [round(total / (k * max(n, 1)), 6) for n in self.train_counts]
 
     def log_class_counts(self) -> None:
         counts = ", ".join(
@@ -291,14 +249,6 @@ class ImageDataModule(DataModule):
     def pin_memory(self) -> bool:
         on_gpu = self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
         return on_gpu if self.hparams.pin_memory is None else self.hparams.pin_memory
-
-    def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        images, labels = batch  # uint8 from the loader (`ImageFiles`, or a subclass's)
-        if getattr(self, "_stats_device", None) != images.device:  # copied to a device once
-            self._stats_device = images.device
-            self._stats = [torch.tensor(v, device=images.device) for v in (self.mean, self.std)]
-        images = normalize(images, *self._stats)
-        return super().on_after_batch_transfer((images, labels), dataloader_idx)
 
 
 class ImageFolderDataModule(ImageDataModule):
@@ -462,24 +412,50 @@ class ImageFolderDataModule(ImageDataModule):
                     f"data.{split}_fraction above 0 or add {split}/<class>/ images."
                 )
 
-    def _loader(self, split: str, train: bool) -> FileBatchLoader:
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        """Files that did not decode stop the run (`on_bad_file=error`) or are left out."""
+        images, labels, bad = batch
+        if bad and self.hparams.on_bad_file == "error":
+            raise cannot_decode(bad[0])
+        if images is None:  # no batch to give: under DDP the processes would fall out of step
+            raise UserError(
+                f"none of the {len(bad)} files of a batch decodes (e.g. {bad[0]}): the folder "
+                f"looks damaged."
+            )
+        epoch = self.trainer.current_epoch if self.trainer is not None else 0
+        if bad and self.skipped[0] != epoch:
+            self.skipped = (epoch, 0)
+        for line in bad:
+            self.skipped = (epoch, self.skipped[1] + 1)
+            log.warning(f"Left out {line} ({self.skipped[1]} this epoch; data.on_bad_file=skip)")
+        return images, labels
+
+    skipped = (0, 0)  # (epoch, files left out in it)
+
+    def loader(self, split: str, train: bool) -> DataLoader:
         hp = self.hparams
         files = self.splits[split]
         paths = [p for c in self.class_names for p in files.get(c, [])]
         labels = [i for i, c in enumerate(self.class_names) for _ in files.get(c, [])]
-        by_sampler = train and hp.balance == "sampler"
-        weights = torch.tensor([1 / self.train_counts[i] for i in labels]) if by_sampler else None
-        sampler = EpochShuffler(
-            len(paths), train, seed=hp.seed or 0, weights=weights, **self.shard()
-        )
-        loader = DataLoader(
+        if train:
+            weights = None
+            if hp.balance == "sampler":
+                weights = torch.tensor([1 / self.train_counts[i] for i in labels])
+            sampler = EpochSampler(
+                len(paths), seed=hp.seed or 0, weights=weights, keyed=True, **self.shard()
+            )
+        else:
+            sampler = evaluation_sampler(len(paths), **self.shard())
+        return StatefulDataLoader(
             ImageFiles(paths, labels, self.sample_transform(train)),
-            batch_size=None,  # no batching: the sampler picks batches, `ImageFiles` loads them
-            sampler=_EpochBatches(sampler, hp.batch_size, train),
+            batch_size=hp.batch_size,
+            sampler=sampler,
+            # Batch norm cannot train on a last batch of one image.
+            drop_last=train and len(sampler) > 1 and len(sampler) % hp.batch_size == 1,
+            collate_fn=collate_files,
             num_workers=hp.num_workers,
             pin_memory=self.pin_memory(),
             persistent_workers=hp.num_workers > 0,
             # Its own generator for worker seeds: a resumed run's dropout masks must not shift.
             generator=torch.Generator(),
         )
-        return FileBatchLoader(loader, hp.on_bad_file)

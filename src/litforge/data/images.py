@@ -9,6 +9,7 @@ import functools
 import io
 import struct
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -21,56 +22,30 @@ INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "nearest-exact")  # torchvis
 # into gigabytes. Pillow's own limit (`Image.MAX_IMAGE_PIXELS`), about 9,460 x 9,460.
 MAX_IMAGE_PIXELS = 89_478_485
 
-# torchvision 0.29 deprecates its decoders (a warning each call), but they are 1.5-3x faster than
-# PIL's here (28x28 PNG: 20 vs 64 us; 224x224 JPEG: 0.55 vs 0.83 ms): first while they exist.
-warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of Torch")
-
 
 class BadImageError(ValueError):
-    """The bytes are no image that torchvision or PIL can decode."""
-
-
-@functools.cache
-def _torchvision_decoder():
-    try:
-        from torchvision.io import ImageReadMode, decode_image
-    except ImportError:
-        return None
-    modes = {1: ImageReadMode.GRAY, 3: ImageReadMode.RGB, None: ImageReadMode.UNCHANGED}
-    return decode_image, modes
+    """The bytes are no image that TorchCodec or PIL can decode."""
 
 
 def decode(data: bytes, channels: int | None, max_pixels: int = MAX_IMAGE_PIXELS) -> torch.Tensor:
     """uint8 C×H×W; `channels` 1 or 3 converts, None keeps what the file has (alpha dropped).
     BadImageError for bytes that are no image, or an image of more than `max_pixels` pixels."""
     check_header(data, max_pixels)
-    try:
-        if data[:4] == b"GIF8":  # torchvision decodes every frame (a small file, many pixels)
-            raise RuntimeError("Pillow decodes the first frame alone")
-        decoder = _torchvision_decoder()
-        if decoder is None:
-            raise RuntimeError("torchvision has no image decoders")
-        decode_image, modes = decoder
-        image = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), modes[channels])
-    except RuntimeError:  # a format torchvision does not decode (BMP, TIFF) or broken bytes
+    if data[:4] == b"GIF8":  # TorchCodec decodes every frame (a small file, many pixels)
         image = _decode_with_pil(data, channels)
-    if image.ndim == 4:  # an animated GIF: its first frame
-        image = image[0]
-    if image.dtype != torch.uint8:  # 16-bit PNGs
-        image = (image.float() * (255 / torch.iinfo(image.dtype).max)).round().to(torch.uint8)
+    else:
+        try:
+            image = _decode_with_torchcodec(data, channels)
+        except (RuntimeError, ValueError):  # a format it does not read (BMP, TIFF), broken bytes
+            image = _decode_with_pil(data, channels)
     if image.shape[0] in (2, 4):  # gray or color with alpha
         image = image[: image.shape[0] - 1]
-    if channels == 1 and image.shape[0] == 3:  # torchvision ignores the mode for GIFs
-        weights = torch.tensor([0.299, 0.587, 0.114]).view(3, 1, 1)
-        image = (image.float() * weights).sum(0, keepdim=True).round().to(torch.uint8)
-    elif channels == 3 and image.shape[0] == 1:
-        image = image.expand(3, -1, -1).contiguous()
     return image
 
 
 def header_size(data: bytes) -> tuple[int, int] | None:
     """(width, height) from the file's header, nothing decoded; None for a format Pillow does not
-    know (torchvision may). PNG's is read directly: ~1 us against Pillow's ~12."""
+    know (TorchCodec may). PNG's is read directly: ~1 us against Pillow's ~12."""
     if data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR" and len(data) >= 24:
         return struct.unpack(">II", data[16:24])  # IHDR is always the first chunk
     from PIL import Image
@@ -109,6 +84,14 @@ def _pillow_allows(max_pixels: int) -> None:
         Image.MAX_IMAGE_PIXELS = max_pixels
 
 
+def _decode_with_torchcodec(data: bytes, channels: int | None) -> torch.Tensor:
+    from torchcodec.decoders import ImageReadMode, decode_image
+
+    modes = {1: ImageReadMode.GRAY, 3: ImageReadMode.RGB, None: ImageReadMode.UNCHANGED}
+    encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return decode_image(encoded, mode=modes[channels])
+
+
 def _decode_with_pil(data: bytes, channels: int | None) -> torch.Tensor:
     from PIL import Image
     from torchvision.transforms.v2.functional import pil_to_tensor
@@ -119,7 +102,7 @@ def _decode_with_pil(data: bytes, channels: int | None) -> torch.Tensor:
                 channels = 1 if opened.mode in ("1", "L", "LA", "I", "I;16", "F") else 3
             return pil_to_tensor(opened.convert("L" if channels == 1 else "RGB"))
     except Image.UnidentifiedImageError:
-        raise BadImageError("not an image torchvision or PIL can read") from None
+        raise BadImageError("not an image TorchCodec or PIL can read") from None
     except Exception as err:  # PIL raises many types for broken files; each means "not an image"
         raise BadImageError(str(err) or type(err).__name__) from None
 
@@ -185,10 +168,45 @@ def seeded(*key: int):
 
 
 def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    return images.float().div_(255).sub_(mean.view(1, -1, 1, 1)).div_(std.view(1, -1, 1, 1))
+    return images.float().div(255).sub_(mean.view(1, -1, 1, 1)).div_(std.view(1, -1, 1, 1))
 
 
 def channel_stats(images: list[torch.Tensor]) -> tuple[list[float], list[float]]:
     pixels = torch.cat([image.flatten(1) for image in images], dim=1).double() / 255
     std = pixels.std(dim=1).clamp_min(1e-3)  # a blank channel must not divide by zero
     return [round(v, 4) for v in pixels.mean(dim=1).tolist()], [round(v, 4) for v in std.tolist()]
+
+
+class BatchAugment:
+    """Train-time augmentation of a batch of normalized images: pad by `crop_padding` black
+    pixels, crop back at a random offset per image; mirror half of them with `horizontal_flip`."""
+
+    def __init__(self, crop_padding: int, horizontal_flip: bool, black: Sequence[float]) -> None:
+        self.crop_padding, self.horizontal_flip = crop_padding, horizontal_flip
+        self.black = torch.as_tensor(black, dtype=torch.float32).view(1, -1, 1, 1)
+
+    def draw(self, n: int, device: torch.device, generator: torch.Generator):
+        offsets = flips = None
+        if self.crop_padding > 0:
+            size = 2 * self.crop_padding + 1
+            offsets = torch.randint(0, size, (2, n, 1), generator=generator, device=device)
+        if self.horizontal_flip:
+            flips = torch.rand(n, generator=generator, device=device) < 0.5
+        return offsets, flips
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        n, c, h, w = x.shape
+        offsets, flips = self.draw(n, x.device, generator)
+        if offsets is not None:
+            p = self.crop_padding
+            padded = self.black.to(x.device, x.dtype).expand(n, c, h + 2 * p, w + 2 * p).clone()
+            padded[:, :, p : p + h, p : p + w] = x
+            dy, dx = offsets
+            rows = (dy + torch.arange(h, device=x.device))[:, None, :, None]  # n×1×h×1
+            cols = (dx + torch.arange(w, device=x.device))[:, None, None, :]  # n×1×1×w
+            batch = torch.arange(n, device=x.device)[:, None, None, None]
+            channel = torch.arange(c, device=x.device)[None, :, None, None]
+            x = padded[batch, channel, rows, cols]
+        if flips is not None:
+            x = torch.where(flips[:, None, None, None], x.flip(3), x)
+        return x

@@ -375,7 +375,7 @@ class StreamingDataModule(ImageDataModule):
         warnings.filterwarnings("ignore", message=r".*`IterableDataset` has `__len__` defined")
         logging.getLogger("litdata.streaming.dataset").setLevel(logging.WARNING)
 
-    def _loader(self, split: str, train: bool):
+    def loader(self, split: str, train: bool):
         litdata = import_litdata()
         hp = self.hparams
         if split not in self.meta["counts"]:

@@ -1,31 +1,33 @@
-"""The fast data path: per-epoch shards with DistributedSampler semantics, batch augmentation."""
+"""Which samples each process reads (torch's DistributedSampler, seeded per epoch), and the batch
+augmentation of data in memory."""
 
 import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from litforge.data.loaders import BatchAugment, EpochShuffler, TensorBatchLoader
+from litforge.data.base import TensorImages, as_batch
+from litforge.data.images import BatchAugment
+from litforge.data.samplers import EpochSampler, evaluation_sampler
 
 
 @pytest.mark.parametrize(("n", "replicas"), [(10, 3), (12, 4), (7, 2)])
-def test_shards_match_distributed_sampler(n, replicas):
+def test_shards_are_distributed_samplers_seeded_by_the_run(n, replicas):
     for epoch in (0, 1):
         for rank in range(replicas):
-            ours = EpochShuffler(n, train=True, num_replicas=replicas, rank=rank, seed=5)
+            ours = EpochSampler(n, num_replicas=replicas, rank=rank, seed=5)
             theirs = DistributedSampler(range(n), num_replicas=replicas, rank=rank, seed=5)
             ours.set_epoch(epoch)
             theirs.set_epoch(epoch)
-            assert ours.indices().tolist() == list(theirs)
-            assert len(ours) == len(theirs)
+            assert list(ours) == list(theirs) and len(ours) == len(theirs)
 
 
 def test_shards_cover_the_epoch_and_change_with_it():
     def shards(epoch):
         out = []
         for rank in range(2):
-            sampler = EpochShuffler(9, train=True, num_replicas=2, rank=rank, seed=0)
+            sampler = EpochSampler(9, num_replicas=2, rank=rank, seed=0)
             sampler.set_epoch(epoch)
-            out.append(sampler.indices().tolist())
+            out.append(list(sampler))
         return out
 
     first, second = shards(0)
@@ -34,26 +36,45 @@ def test_shards_cover_the_epoch_and_change_with_it():
     assert shards(0) == [first, second] and shards(1) != [first, second]
 
 
+def test_keys_number_the_epochs_samples_over_all_processes():
+    keyed = [EpochSampler(9, num_replicas=2, rank=r, seed=1, keyed=True) for r in (0, 1)]
+    for sampler in keyed:
+        sampler.set_epoch(3)
+    items = [item for sampler in keyed for item in sampler]
+    plain = [EpochSampler(9, num_replicas=2, rank=r, seed=1) for r in (0, 1)]
+    for sampler in plain:
+        sampler.set_epoch(3)
+    assert [index for index, _, _ in items] == [i for sampler in plain for i in sampler]
+    assert sorted(key for _, key, _ in items) == list(range(10)) and {e for *_, e in items} == {3}
+
+
+def test_weights_draw_a_rare_class_as_often_as_a_common_one():
+    labels = torch.tensor([0] * 900 + [1] * 100)
+    weights = 1 / torch.bincount(labels)[labels].double()
+    sampler = EpochSampler(1000, seed=0, weights=weights)
+    drawn = labels[list(sampler)]
+    assert 400 < int((drawn == 1).sum()) < 600
+    sampler.set_epoch(1)
+    assert labels[list(sampler)].tolist() != drawn.tolist()  # another draw each epoch
+
+
 def test_evaluation_shards_are_uneven_and_disjoint():
-    parts = [EpochShuffler(9, train=False, num_replicas=2, rank=r) for r in (0, 1)]
-    assert [p.indices().tolist() for p in parts] == [[0, 2, 4, 6, 8], [1, 3, 5, 7]]
+    parts = [evaluation_sampler(9, num_replicas=2, rank=r) for r in (0, 1)]
+    assert [list(p) for p in parts] == [[0, 2, 4, 6, 8], [1, 3, 5, 7]]
     assert [len(p) for p in parts] == [5, 4]
 
 
-def test_loader_normalizes_uint8_like_precomputed_floats():
+def test_a_batch_of_data_in_memory_is_one_gather_through_torchs_dataloader():
     images = torch.randint(0, 256, (10, 1, 4, 4), dtype=torch.uint8)
     labels = torch.arange(10)
-    mean, std = (0.3,), (0.2,)
-    normalized = (images.float() / 255 - 0.3) / 0.2
-
-    def batches(x):
-        sampler = EpochShuffler(10, train=False)
-        return list(TensorBatchLoader(x, labels, 4, sampler, mean, std))
-
-    from_uint8, from_float = batches(images), batches(normalized)
-    assert [len(y) for _, y in from_uint8] == [4, 4, 2]
-    for (a, ya), (b, yb) in zip(from_uint8, from_float, strict=True):
-        assert torch.allclose(a, b, atol=1e-6) and torch.equal(ya, yb)
+    loader = torch.utils.data.DataLoader(
+        TensorImages(images, labels), batch_size=4, sampler=evaluation_sampler(10),
+        collate_fn=as_batch,
+    )  # fmt: skip
+    batches = list(loader)
+    assert [len(y) for _, y in batches] == [4, 4, 2]
+    assert torch.equal(torch.cat([x for x, _ in batches]), images)
+    assert torch.equal(torch.cat([y for _, y in batches]), labels)
 
 
 def test_random_crop_shifts_content_and_pads_with_black():
@@ -78,7 +99,7 @@ def test_horizontal_flip_mirrors_about_half():
     assert 70 < sum(flipped) < 130
 
 
-def test_mix_draws_resume_mid_epoch_through_the_datamodule_state():
+def test_batch_augmentation_resumes_mid_epoch_through_the_datamodule_state():
     # data.mix seeds each batch by its place in the epoch, which the datamodule counts and
     # Lightning checkpoints (its state_dict): a run resumed mid-epoch blends as if uninterrupted.
     from types import SimpleNamespace
@@ -91,16 +112,18 @@ def test_mix_draws_resume_mid_epoch_through_the_datamodule_state():
         return dm
 
     batches = [(torch.rand(4, 1, 28, 28), torch.arange(4)) for _ in range(4)]
-    whole = datamodule(mix="mixup")
+    whole = datamodule(mix="mixup", crop_padding=2)
     expected = [whole.on_after_batch_transfer(b, 0)[0] for b in batches]
-    first = datamodule(mix="mixup")
+    first = datamodule(mix="mixup", crop_padding=2)
     for b in batches[:2]:
         first.on_after_batch_transfer(b, 0)
-    resumed = datamodule(mix="mixup")
+    resumed = datamodule(mix="mixup", crop_padding=2)
     resumed.load_state_dict(first.state_dict())
     for b, want in zip(batches[2:], expected[2:], strict=True):
         torch.testing.assert_close(resumed.on_after_batch_transfer(b, 0)[0], want)
     resumed.trainer.current_epoch = 2  # a new epoch counts from its first batch
     assert resumed.on_after_batch_transfer(batches[0], 0) is not None
     assert resumed.state_dict() == {"epoch": 2, "batches": 1}
-    assert datamodule().state_dict() == {}  # nothing to checkpoint without data.mix
+    plain = datamodule()
+    plain.on_after_batch_transfer(batches[0], 0)
+    assert plain.state_dict() == {"epoch": -1, "batches": 0}  # nothing drawn, nothing counted
