@@ -2,6 +2,7 @@
 
 import os
 import pickle
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -41,9 +42,19 @@ def test_train_batches_are_augmented_and_normalized(tmp_path):
     write_cifar10(tmp_path / "cifar10")
     dm = make(tmp_path, val_size=40, batch_size=32, crop_padding=4, horizontal_flip=True)
     dm.setup()
-    x, y = next(iter(dm.train_dataloader()))
-    assert x.shape == (32, 3, 32, 32) and x.dtype == torch.float32
-    val_x, _ = next(iter(dm.val_dataloader()))
+    cpu = SimpleNamespace(root_device=torch.device("cpu"))
+    dm.trainer = SimpleNamespace(
+        training=True, current_epoch=0, global_rank=0, strategy=cpu,
+        distributed_sampler_kwargs=None,
+    )  # fmt: skip
+    images, labels = next(iter(dm.train_dataloader()))
+    assert images.dtype == torch.uint8  # until the training device
+    x, y = dm.on_after_batch_transfer((images, labels), 0)
+    assert x.shape == (32, 3, 32, 32) and x.dtype == torch.float32 and torch.equal(y, labels)
+    mean, std = torch.tensor(dm.mean).view(1, 3, 1, 1), torch.tensor(dm.std).view(1, 3, 1, 1)
+    assert not torch.allclose(x, (images.float() / 255 - mean) / std)  # cropped and flipped
+    dm.trainer.training = False
+    val_x, _ = dm.on_after_batch_transfer(next(iter(dm.val_dataloader())), 0)
     expected = (
         dm.splits["val"][0][:32].float() / 255 - torch.tensor(dm.mean).view(1, 3, 1, 1)
     ) / torch.tensor(dm.std).view(1, 3, 1, 1)

@@ -138,6 +138,8 @@ class DataModule(L.LightningDataModule):
             self.augmented = {k: int(state_dict[k]) for k in ("epoch", "batches")}
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        if isinstance(batch, torch.Tensor):  # the model's example input (a logger's graph)
+            return batch
         images, labels = batch
         if getattr(self, "stats_on", None) != images.device:  # copied to a device once
             self.stats_on, self.stats = (

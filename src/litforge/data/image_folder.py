@@ -414,6 +414,8 @@ class ImageFolderDataModule(ImageDataModule):
 
     def on_before_batch_transfer(self, batch, dataloader_idx: int):
         """Files that did not decode stop the run (`on_bad_file=error`) or are left out."""
+        if isinstance(batch, torch.Tensor):  # the model's example input (a logger's graph)
+            return batch
         images, labels, bad = batch
         if bad and self.hparams.on_bad_file == "error":
             raise cannot_decode(bad[0])
