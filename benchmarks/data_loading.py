@@ -14,7 +14,7 @@ Each loads the training split of two workloads, with no worker process and with 
 - `--jpegs` color 224×224 JPEGs (quality 90) that the benchmark writes, loaded at 224×224.
 
 A pass is one epoch over the training images into batches of 256, normalized (for (b) and (c) by
-the datamodule's `on_after_batch_transfer`, as a run does on its device; here the CPU). The first
+the datamodule's batch hooks, as a run does on its device; here the CPU). The first
 pass warms up (worker start, caches); the median of `--passes` more is reported.
 
     python benchmarks/data_loading.py                  # both workloads, 0 and 2 workers
@@ -107,7 +107,11 @@ def torchvision_batches(folder: Path, size: int, channels: int, workers: int, me
 def datamodule_batches(datamodule):
     datamodule.inspect()  # not setup("fit"): these folders have no validation images
     loader = datamodule.train_dataloader()
-    return loader, lambda batch: datamodule.on_after_batch_transfer(batch, 0)
+
+    def finish(batch):  # what Lightning calls on a batch: before and after its transfer
+        return datamodule.on_after_batch_transfer(datamodule.on_before_batch_transfer(batch, 0), 0)
+
+    return loader, finish
 
 
 def images_per_second(loader, finish, passes: int) -> float:
