@@ -20,6 +20,8 @@ QUIET_WARNINGS = (
     (r"The number of training batches \(\d+\) is smaller than the logging interval", UserWarning),
     # Lightning 2.6.6 with torch >= 2.10: a deprecation inside Lightning, not in user code.
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
+    # torchdata 0.11's StatefulDataLoader calls torch.set_vital, deprecated in torch 2.14.
+    (r"'set_vital' is deprecated", UserWarning),
 )
 
 

@@ -168,8 +168,9 @@ def test_the_loader_resumes_mid_epoch_with_the_next_batch(tmp_path):
     state = stopped.state_dict()  # what Lightning checkpoints (a StatefulDataLoader's)
     resumed = dm.train_dataloader()
     resumed.load_state_dict(state)
+    iterator = iter(resumed)  # as Lightning does: the loader reads ahead, then the epoch is set
     resumed.sampler.set_epoch(3)
-    rest = batches_of(dm, resumed)
+    rest = batches_of(dm, iterator)
     assert len(rest) == len(everything) - 2
     for (a, la), (b, lb) in zip(rest, everything[2:], strict=True):
         assert torch.equal(a, b) and torch.equal(la, lb)

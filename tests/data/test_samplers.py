@@ -1,9 +1,12 @@
 """Which samples each process reads (torch's DistributedSampler, seeded per epoch), and the batch
 augmentation of data in memory."""
 
+import itertools
+
 import pytest
 import torch
 from torch.utils.data import DistributedSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from litforge.data.base import TensorImages, as_batch
 from litforge.data.images import BatchAugment
@@ -56,6 +59,36 @@ def test_weights_draw_a_rare_class_as_often_as_a_common_one():
     assert 400 < int((drawn == 1).sum()) < 600
     sampler.set_epoch(1)
     assert labels[list(sampler)].tolist() != drawn.tolist()  # another draw each epoch
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loaders_checkpointed_state_resumes_mid_epoch_or_with_the_next_epoch(workers):
+    """In Lightning's order: a resumed loader's state loaded, the loader read from (workers read
+    ahead), then the epoch set; a state saved after a whole epoch starts the next one."""
+    images, labels = torch.arange(40).view(40, 1, 1, 1), torch.arange(40)
+
+    def loader():
+        sampler = EpochSampler(40, seed=2)
+        dataset = torch.utils.data.TensorDataset(images, labels)
+        return StatefulDataLoader(dataset, batch_size=4, sampler=sampler, num_workers=workers)
+
+    def epoch(n, state=None, stop=None):
+        run = loader()
+        if state is None:  # an epoch that is no resume: its epoch set first
+            run.sampler.set_epoch(n)
+        else:
+            run.load_state_dict(state)
+        iterator = iter(run)
+        run.sampler.set_epoch(n)
+        taken = [y.tolist() for _, y in itertools.islice(iterator, stop)]
+        return taken, run.state_dict()
+
+    whole, _ = epoch(3)
+    first, state = epoch(3, stop=3)
+    rest, _ = epoch(3, state)
+    assert first + rest == whole
+    _, after_whole = epoch(3, stop=10)  # every batch handed out, the loader not yet exhausted
+    assert epoch(4, after_whole)[0] == epoch(4)[0] != whole
 
 
 def test_evaluation_shards_are_uneven_and_disjoint():

@@ -2,6 +2,8 @@
 and `rank` (1 and 0 in one process, where it needs no process group), so Lightning replaces no
 sampler of ours and calls `set_epoch` on it before every epoch, resumed ones included."""
 
+import itertools
+
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DistributedSampler
@@ -25,6 +27,7 @@ class EpochSampler(DistributedSampler):
     ) -> None:
         super().__init__(range(num_samples), num_replicas=num_replicas, rank=rank, seed=seed)
         self.weights, self.keyed = weights, keyed
+        self.yielded = self.skip = 0
 
     def __iter__(self):
         if self.weights is None:
@@ -33,10 +36,24 @@ class EpochSampler(DistributedSampler):
             generator = torch.Generator().manual_seed(self.seed + self.epoch)
             drawn = torch.multinomial(self.weights, self.total_size, True, generator=generator)
             indices = drawn[self.rank :: self.num_replicas].tolist()
-        if not self.keyed:
-            return iter(indices)
-        first = self.rank * self.num_samples  # keys unique over processes
-        return ((index, first + k, self.epoch) for k, index in enumerate(indices))
+        if self.keyed:
+            first = self.rank * self.num_samples  # keys unique over processes
+            indices = [(index, first + k, self.epoch) for k, index in enumerate(indices)]
+        self.yielded, self.skip = self.skip, 0
+        for item in itertools.islice(indices, self.yielded, None):
+            self.yielded += 1
+            yield item
+
+    # Where an epoch stopped, for torchdata's `StatefulDataLoader` (which Lightning checkpoints):
+    # a resumed run goes on with the next sample of the same epoch, or, after a whole epoch, with
+    # the next epoch. (Lightning sets the epoch after the loader has started to read ahead.)
+    def state_dict(self) -> dict[str, int]:
+        if self.yielded >= self.num_samples:
+            return {"epoch": self.epoch + 1, "yielded": 0}
+        return {"epoch": self.epoch, "yielded": self.yielded}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        self.epoch, self.skip = state_dict["epoch"], state_dict["yielded"]
 
 
 def evaluation_sampler(num_samples: int, num_replicas: int = 1, rank: int = 0):
