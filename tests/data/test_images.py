@@ -3,6 +3,7 @@
 import io
 import re
 import struct
+import warnings
 
 import numpy as np
 import pytest
@@ -35,6 +36,14 @@ def test_lossless_formats_decode_to_the_exact_pixels(fmt):
     image = decode(encoded(RGB, fmt, **kwargs), channels=3)
     assert image.dtype == torch.uint8 and image.shape == (3, 12, 16)
     assert torch.equal(image, torch.from_numpy(RGB).permute(2, 0, 1))
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP", "BMP", "GIF"])
+def test_decoding_warns_of_nothing(fmt):
+    """TorchCodec decodes (torchvision's decoders are deprecated): no warning, none silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert decode(encoded(RGB, fmt), channels=3).shape == (3, 12, 16)
 
 
 def test_channels_convert_or_stay_as_the_file_has_them():

@@ -127,3 +127,18 @@ def test_a_fold_outside_num_folds_is_refused_saying_which_are(tmp_path):
         make(tmp_path, num_folds=4, fold=4)
     with pytest.raises(UserError, match="num_folds=1 is out of range"):
         make(tmp_path, num_folds=1)
+
+
+def test_trainer_predict_gives_logits_for_every_test_image(tmp_path):
+    import lightning as L
+    from helpers import compose_config
+
+    from litforge.pipeline import build_model
+
+    write_idx_dataset(tmp_path / "mnist", n_train=100, n_test=30)
+    data = [f"data.data_dir={tmp_path}", "data.system_dir=null", "data.download=false"]
+    cfg = compose_config("train", tmp_path, ["data=mnist", *data, "data.batch_size=8"])
+    dm = make(tmp_path, batch_size=8)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
+    logits = trainer.predict(build_model(cfg, dm), datamodule=dm)
+    assert torch.cat(logits).shape == (30, 10)

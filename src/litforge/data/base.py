@@ -106,6 +106,7 @@ class DataModule(L.LightningDataModule):
     std: Sequence[float]
     class_weights: list[float] | None = None  # of the training loss (data.balance=loss)
     batch_augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None
+    stats: list[torch.Tensor] | None = None  # mean and std on the training device
 
     def inspect(self) -> None:
         """Find out the classes, image shape and statistics (once; cheap when repeated)."""
@@ -120,6 +121,9 @@ class DataModule(L.LightningDataModule):
         return self.loader("val", train=False)
 
     def test_dataloader(self) -> DataLoader:
+        return self.loader("test", train=False)
+
+    def predict_dataloader(self) -> DataLoader:  # `trainer.predict(datamodule=...)`: the test set
         return self.loader("test", train=False)
 
     def shard(self) -> dict[str, int]:
@@ -141,11 +145,8 @@ class DataModule(L.LightningDataModule):
         if isinstance(batch, torch.Tensor):  # the model's example input (a logger's graph)
             return batch
         images, labels = batch
-        if getattr(self, "stats_on", None) != images.device:  # copied to a device once
-            self.stats_on, self.stats = (
-                images.device,
-                [torch.tensor(v, device=images.device) for v in (self.mean, self.std)],
-            )
+        if self.stats is None or self.stats[0].device != images.device:  # copied there once
+            self.stats = [torch.tensor(v, device=images.device) for v in (self.mean, self.std)]
         images = normalize(images, *self.stats)
         trainer, hp = self.trainer, self.hparams
         if trainer is None or not trainer.training:

@@ -5,10 +5,11 @@
     DIR/test/<class>/<image>      optional: likewise
     DIR/<class>/<image>           or this alone, all three splits carved from it
 
-Only the file list is held in memory: workers decode each batch (`images.SampleTransform`), which
-travels as uint8 to the training device. The path to copy for data that does not fit in memory.
-A bad folder stops the run in `inspect()`, before the
-model is built; a file that does not decode stops it (`on_bad_file="error"`) or is left out."""
+Only the file list is held in memory: a torch DataLoader's workers decode each image
+(`ImageFiles`, `images.SampleTransform`); batches travel as uint8 to the training device. The
+path to copy for data that does not fit in memory. A bad folder stops the run in `inspect()`,
+before the model is built; a file that does not decode stops it (`on_bad_file="error"`) or is
+left out."""
 
 import hashlib
 import json

@@ -1,8 +1,9 @@
-"""Encoded image files to uint8 tensors, the same way for every datamodule that reads them.
-Training's random transforms (torchvision's) are seeded per sample by (run seed, epoch, place in
-the epoch): the same images for any number of workers, and after a resume. Batches stay uint8
-until the training device (`normalize`): a quarter of the bytes to move. No Lightning imports:
-`optimize`'s worker processes import this module."""
+"""Encoded image files to uint8 tensors (TorchCodec; PIL for what it does not read), the same way
+for every datamodule that reads them; the whole-batch augmentation of data in memory
+(`BatchAugment`). Training's per-image random transforms (torchvision's) are seeded per sample
+by (run seed, epoch, place in the epoch): the same images for any number of workers, and after
+a resume. Batches stay uint8 until the training device (`normalize`): a quarter of the bytes to
+move. No Lightning imports: `optimize`'s worker processes import this module."""
 
 import contextlib
 import functools

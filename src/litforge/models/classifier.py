@@ -166,6 +166,10 @@ class ClassificationModule(L.LightningModule):
         self.test_metrics.update(logits, y)
         self.test_confusion.update(logits, y)
 
+    def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
+        x, _ = batch  # (`trainer.predict(model, datamodule)`: the test images; predict.py: files)
+        return self(x)
+
     def _log_evaluation(self, metrics: MetricCollection, loss: MeanMetric, prefix: str) -> dict:
         values = {**metrics.compute(), f"{prefix}/loss": loss.compute()}  # synced over processes
         metrics.reset()
