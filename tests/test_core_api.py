@@ -125,7 +125,7 @@ def test_no_private_attribute_of_a_lightning_class_in_the_core(path):
 
 
 def test_the_inherited_check_finds_a_loggers_private_attribute(tmp_path, monkeypatch):
-    package = tmp_path / "litforge_probe"
+    package = tmp_path / "probe_package"
     package.mkdir()
     (package / "probe.py").write_text(
         "import lightning.pytorch.loggers\n"

@@ -89,6 +89,8 @@ def test_a_loaders_checkpointed_state_resumes_mid_epoch_or_with_the_next_epoch(w
     assert first + rest == whole
     _, after_whole = epoch(3, stop=10)  # every batch handed out, the loader not yet exhausted
     assert epoch(4, after_whole)[0] == epoch(4)[0] != whole
+    if workers == 0:  # an epoch cut short (trainer.limit_train_batches): the next starts whole
+        assert epoch(4, state)[0] == epoch(4)[0]
 
 
 def test_evaluation_shards_are_uneven_and_disjoint():

@@ -329,5 +329,11 @@ class InMemoryImageDataModule(DataModule):
         else:
             sampler = evaluation_sampler(len(dataset), **self.shard())
         return StatefulDataLoader(
-            dataset, batch_size=self.hparams.batch_size, sampler=sampler, collate_fn=as_batch
+            dataset,
+            batch_size=self.hparams.batch_size,
+            sampler=sampler,
+            collate_fn=as_batch,
+            # A generator of its own: each new iterator draws a seed from it, not from torch's
+            # global one, which would shift a resumed run's dropout masks.
+            generator=torch.Generator(),
         )

@@ -27,7 +27,8 @@ class EpochSampler(DistributedSampler):
     ) -> None:
         super().__init__(range(num_samples), num_replicas=num_replicas, rank=rank, seed=seed)
         self.weights, self.keyed = weights, keyed
-        self.yielded = self.skip = 0
+        self.yielded = 0
+        self.resume = (-1, 0)  # (epoch, samples to skip in it) from a checkpoint
 
     def __iter__(self):
         if self.weights is None:
@@ -39,7 +40,8 @@ class EpochSampler(DistributedSampler):
         if self.keyed:
             first = self.rank * self.num_samples  # keys unique over processes
             indices = [(index, first + k, self.epoch) for k, index in enumerate(indices)]
-        self.yielded, self.skip = self.skip, 0
+        (epoch, skip), self.resume = self.resume, (-1, 0)
+        self.yielded = skip if epoch == self.epoch else 0  # (not when a new epoch was set)
         for item in itertools.islice(indices, self.yielded, None):
             self.yielded += 1
             yield item
@@ -53,7 +55,8 @@ class EpochSampler(DistributedSampler):
         return {"epoch": self.epoch, "yielded": self.yielded}
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        self.epoch, self.skip = state_dict["epoch"], state_dict["yielded"]
+        self.epoch = state_dict["epoch"]  # (until Lightning sets it: workers may read before)
+        self.resume = (state_dict["epoch"], state_dict["yielded"])
 
 
 def evaluation_sampler(num_samples: int, num_replicas: int = 1, rank: int = 0):

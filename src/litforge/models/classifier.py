@@ -167,7 +167,7 @@ class ClassificationModule(L.LightningModule):
         self.test_confusion.update(logits, y)
 
     def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
-        x, _ = batch  # (`trainer.predict(model, datamodule)`: the test images; predict.py: files)
+        x, _ = batch  # (`trainer.predict(model, datamodule)`: the test images)
         return self(x)
 
     def _log_evaluation(self, metrics: MetricCollection, loss: MeanMetric, prefix: str) -> dict:
