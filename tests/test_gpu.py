@@ -127,7 +127,7 @@ def test_image_folder_batches_come_pinned_from_loader_workers(tmp_path, photos):
     datamodule, trainer = build_datamodule(cfg), build_trainer(cfg)
     datamodule.trainer = trainer  # as `trainer.fit` sets it
     datamodule.setup("fit")
-    images, _ = next(iter(datamodule.train_dataloader()))
+    images, _, _ = next(iter(datamodule.train_dataloader()))  # (and the files left out)
     assert images.is_pinned()  # so Lightning's non-blocking copy to the GPU is asynchronous
 
 

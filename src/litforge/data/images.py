@@ -169,7 +169,8 @@ def seeded(*key: int):
 
 
 def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    return images.float().div(255).sub_(mean.view(1, -1, 1, 1)).div_(std.view(1, -1, 1, 1))
+    scaled = images.to(torch.float32, copy=True).div_(255)  # (one new tensor: the input stays)
+    return scaled.sub_(mean.view(1, -1, 1, 1)).div_(std.view(1, -1, 1, 1))
 
 
 def channel_stats(images: list[torch.Tensor]) -> tuple[list[float], list[float]]:
