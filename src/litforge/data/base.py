@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from litforge.data.images import BatchAugment, normalize, seeded
+from litforge.data.images import BatchAugment, normalize, seed_of, seeded
 from litforge.data.samplers import EpochSampler, evaluation_sampler
 from litforge.data.sources import DatasetSource, locate
 from litforge.errors import UserError, check_number
@@ -159,7 +159,7 @@ class DataModule(L.LightningDataModule):
         self.augmented = {"epoch": epoch, "batches": index + 1}
         key = (hp.seed or 0, epoch, index, trainer.global_rank)
         if self.batch_augment is not None:
-            generator = torch.Generator(images.device).manual_seed(hash(key) & (2**63 - 1))
+            generator = torch.Generator(images.device).manual_seed(seed_of(*key))
             images = self.batch_augment(images, generator)
         if hp.get("mix"):  # MixUp, CutMix or either (`both`): labels become probabilities
             with seeded(*key):

@@ -426,10 +426,8 @@ class ImageFolderDataModule(ImageDataModule):
                 f"looks damaged."
             )
         epoch = self.trainer.current_epoch if self.trainer is not None else 0
-        if bad and self.skipped[0] != epoch:
-            self.skipped = (epoch, 0)
         for line in bad:
-            self.skipped = (epoch, self.skipped[1] + 1)
+            self.skipped = (epoch, self.skipped[1] + 1 if self.skipped[0] == epoch else 1)
             log.warning(f"Left out {line} ({self.skipped[1]} this epoch; data.on_bad_file=skip)")
         return images, labels
 

@@ -159,12 +159,17 @@ class SampleTransform:
             return self.augment(image)
 
 
+def seed_of(*key: int) -> int:
+    """A generator seed from `key` alone: Python hashes tuples of ints alike in every process."""
+    return hash(key) & (2**63 - 1)
+
+
 @contextlib.contextmanager
 def seeded(*key: int):
     """The global generator (torchvision's transforms draw from it, and dropout) forked, seeded
-    by `key` alone: Python hashes tuples of ints alike in every process."""
+    by `key` alone."""
     with torch.random.fork_rng(devices=[]):
-        torch.default_generator.manual_seed(hash(key) & (2**63 - 1))
+        torch.default_generator.manual_seed(seed_of(*key))
         yield
 
 
