@@ -149,14 +149,3 @@ def test_a_folder_a_run_goes_back_into_stays(tmp_path, earlier):
     result = run_in_process("train.py", "data.batch_size=0", f"hydra.run.dir={run_dir}")
     assert result.returncode == 1
     assert (run_dir / earlier).read_text().startswith("from an earlier run\n")
-
-
-def test_a_sweep_job_keeps_its_folder(tmp_path):
-    # The sweep summary lists each failed job with its folder (the subprocess launcher's jobs,
-    # which it tells their sweep with `++sweep_name=`).
-    run_dir = tmp_path / "sweep" / "0"
-    result = run_in_process(
-        "train.py", "++sweep_name=sweep", "data.batch_size=0", f"hydra.run.dir={run_dir}"
-    )
-    assert result.returncode == 1
-    assert (run_dir / "train.log").is_file()

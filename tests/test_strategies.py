@@ -50,7 +50,7 @@ def test_fsdp_on_cpu_is_one_line_from_the_cli(tmp_path):
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: strategy=fsdp needs GPUs")
-    assert "strategy=model_parallel" in result.stderr
+    assert "strategy=model_parallel" in result.stderr  # feature: model_parallel
 
 
 def ddp_env() -> dict[str, str]:

@@ -7,7 +7,7 @@ import re
 
 import pytest
 import yaml
-from helpers import CONF, free_port, run_script, tiny_run_args
+from helpers import CONF, free_port, run_in_process, run_script, tiny_run_args
 
 
 @pytest.mark.slow
@@ -130,3 +130,14 @@ def test_an_entry_point_of_your_own_fails_the_sweep_when_a_job_fails(tmp_path):
             ("0", "completed"),
             ("1", "failed"),
         ]
+
+
+def test_a_sweep_job_keeps_its_folder(tmp_path):
+    # The sweep summary lists each failed job with its folder (the subprocess launcher's jobs,
+    # which it tells their sweep with `++sweep_name=`).
+    run_dir = tmp_path / "sweep" / "0"
+    result = run_in_process(
+        "train.py", "++sweep_name=sweep", "data.batch_size=0", f"hydra.run.dir={run_dir}"
+    )
+    assert result.returncode == 1
+    assert (run_dir / "train.log").is_file()
