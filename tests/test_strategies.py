@@ -3,9 +3,11 @@ refuse what cannot run before anything launches. Multi-process runs are `train.p
 with a timeout and their own port (never DDP inside pytest)."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -292,6 +294,42 @@ def test_the_process_killed_is_named_before_one_that_exited_on_losing_it():
     strategy._launcher = SimpleNamespace(procs=[exited, killed])  # ranks 1 and 2
     assert strategy.lost_process(RuntimeError("Connection reset by peer")).startswith(
         f"the process of rank 2 (pid {killed.pid}) died (killed by SIGKILL), so the job stopped"
+    )
+
+
+def test_a_killed_process_is_logged_the_moment_it_dies(caplog):
+    # Lightning's watch may SIGKILL the job before the surviving process has ended it in its
+    # line: the death is logged at once. A process that exits with a status of its own has said
+    # why, and one killed while this process ends the job is not logged.
+    from types import SimpleNamespace
+
+    from litforge.strategies import DDPStrategy
+
+    def watch(process: subprocess.Popen, end=None) -> None:
+        watching = threading.Thread(target=strategy._watch, args=(process,))
+        watching.start()
+        if end:
+            end()
+        watching.join(timeout=30)
+        assert not watching.is_alive()
+
+    strategy = DDPStrategy()
+    killed, exited, stopped = (
+        subprocess.Popen(["sleep", "60"]),
+        subprocess.Popen(["false"]),
+        subprocess.Popen(["sleep", "60"]),
+    )
+    strategy._launcher = SimpleNamespace(procs=[killed, exited, stopped])  # ranks 1 to 3
+    with caplog.at_level(logging.ERROR, logger="litforge.strategies"):
+        watch(killed, killed.kill)
+        watch(exited)
+        strategy.on_exception(RuntimeError("an error of this process"))
+        watch(stopped, stopped.kill)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"The process of rank 1 (pid {killed.pid}) died (killed by SIGKILL): the job stops."
+    ]
+    assert strategy.lost_process(RuntimeError("")).startswith(
+        f"the process of rank 1 (pid {killed.pid})"
     )
 
 

@@ -3,8 +3,11 @@ folders' too) names a lost process in one line (`ReportsLostProcesses`). What el
 calls on a strategy: `hooks.PreparesRun` (its settings), `hooks.ChecksFit` (model, checkpoint)."""
 
 import logging
+import os
 import re
 import signal
+import subprocess
+import threading
 
 import lightning.pytorch.strategies
 import torch
@@ -23,15 +26,40 @@ class ReportsLostProcesses:
     Strategy's hook), before Lightning stops the processes this one started. A hung process is
     bounded by the strategy's `timeout`.
 
-    Under Lightning's own launcher (`python train.py` with several devices) the line comes when
-    this process sees the lost contact before Lightning's watch over the processes it started,
-    which SIGKILLs the whole job within 5 s of one dying (a strategy's own launcher may leave it
-    time). Under a cluster launcher that starts every process itself nothing races it."""
+    Under Lightning's own launcher (`python train.py` with several devices), Lightning's watch
+    over the processes this one started SIGKILLs the whole job within 5 s of one dying, which
+    may cut that line off: a thread waiting on each of them logs one killed by a signal
+    (SIGKILL, the OOM killer, a crash) the moment it dies. A strategy that goes on without some
+    processes sets `watches_started_processes = False`. Under a cluster launcher that starts
+    every process itself nothing races the line."""
 
     _lost_line: str | None = None
+    _ending = False  # this process stops the job itself (and the processes it started)
     already_lost: frozenset[int] = frozenset()  # ranks the job went on without and knows of
+    watches_started_processes = True
+
+    def setup(self, trainer) -> None:
+        super().setup(trainer)
+        if self.watches_started_processes and hasattr(os, "waitid"):  # (not on macOS)
+            for child in getattr(self.launcher, "procs", None) or []:  # started by this process
+                threading.Thread(target=self._watch, args=(child,), daemon=True).start()
+
+    def _watch(self, child: subprocess.Popen) -> None:
+        # Woken by the death itself, so it is said before Lightning's watch polls (every 5 s).
+        # WNOWAIT: the status stays for `poll` (Lightning's, `lost_process`). A process that
+        # exited with a status of its own has said why.
+        try:
+            death = os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:  # already reaped
+            return
+        if death and death.si_code != os.CLD_EXITED and not self._ending:
+            rank = self.node_rank * self.num_processes + 1 + self.launcher.procs.index(child)
+            how = signal.Signals(death.si_status).name
+            log.error(f"The process of {self.process_name(rank)} (pid {child.pid}) died "
+                      f"(killed by {how}): the job stops.")  # fmt: skip
 
     def on_exception(self, exception: BaseException) -> None:
+        self._ending = True
         super().on_exception(exception)
         self._lost_line = self.lost_process(exception)
 

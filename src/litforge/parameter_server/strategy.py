@@ -543,6 +543,8 @@ class ParameterServerStrategy(
     all-reduce (see the module's docstring). `trainer.devices × trainer.num_nodes` processes:
     the last `num_servers` serve, the rest train."""
 
+    watches_started_processes = False  # its launcher's watch: async training loses workers
+
     def __init__(
         self,
         num_servers: int = 1,
