@@ -5,6 +5,7 @@ with a timeout and their own port (never DDP inside pytest)."""
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -331,6 +332,34 @@ def test_a_killed_process_is_logged_the_moment_it_dies(caplog):
     assert strategy.lost_process(RuntimeError("")).startswith(
         f"the process of rank 1 (pid {killed.pid})"
     )
+
+
+@pytest.mark.parametrize("lost", [True, False])
+def test_torchruns_sigterm_waits_for_the_lost_process_line(lost):
+    # torchrun SIGTERMs the survivors when a worker dies; one arriving after Lightning has put
+    # back the handler it found must not kill the process before its line.
+    script = """
+import os, signal, sys
+from litforge.strategies import DDPStrategy, lost_process_ends_the_job
+strategy = DDPStrategy()
+strategy.lost_line = sys.argv[1] or None  # as on_exception sets it
+try:
+    with lost_process_ends_the_job(strategy):
+        os.kill(os.getpid(), signal.SIGTERM)  # torchrun's, after Lightning's teardown
+        print("after SIGTERM", flush=True)
+        raise RuntimeError("an error")
+except Exception as err:
+    print(f"error: {err}", flush=True)
+"""
+    line = "rank 0 lost contact with the other processes of the job" if lost else ""
+    result = subprocess.run(
+        [sys.executable, "-c", script, line], capture_output=True, text=True, timeout=120
+    )
+    if lost:
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines() == ["after SIGTERM", f"error: {line}"]
+    else:  # as without the handler: the process is terminated
+        assert result.returncode == -signal.SIGTERM and result.stdout == "", result.stderr
 
 
 def test_a_lost_peer_is_named_from_the_error_alone():

@@ -9,7 +9,6 @@ import json
 import logging
 import math
 import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from litforge.console import print_config, print_metrics, quiet_lightning
 from litforge.data.base import model_arguments
 from litforge.errors import UserError, user_error
 from litforge.hooks import ChecksFit, LogsRunFiles, PreparesRun
-from litforge.strategies import ReportsLostProcesses
+from litforge.strategies import lost_process_ends_the_job
 
 log = logging.getLogger(__name__)
 # Here too: a ddp_spawn worker imports this module (NoProfiler) and runs the training loops.
@@ -193,15 +192,11 @@ def fit(trainer: L.Trainer, model: L.LightningModule, datamodule, ckpt_path=None
     gc.collect()
     gc.freeze()
     try:
-        with resume.stopped_by_sigterm(trainer, "training"):
+        with (
+            resume.stopped_by_sigterm(trainer, "training"),
+            lost_process_ends_the_job(trainer.strategy),
+        ):
             trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
-    except Exception as err:
-        strategy = trainer.strategy
-        if isinstance(strategy, ReportsLostProcesses) and (lost := strategy.lost_process(err)):
-            # torchrun stops the others with SIGTERM: Lightning's handler would fail again here.
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            raise UserError(lost) from err
-        raise
     finally:
         gc.unfreeze()
 

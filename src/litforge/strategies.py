@@ -2,16 +2,19 @@
 folders' too) names a lost process in one line (`ReportsLostProcesses`). What else the pipeline
 calls on a strategy: `hooks.PreparesRun` (its settings), `hooks.ChecksFit` (model, checkpoint)."""
 
+import contextlib
 import logging
 import os
 import re
 import signal
 import subprocess
 import threading
+from collections.abc import Iterator
 
 import lightning.pytorch.strategies
 import torch
 
+from litforge.errors import UserError
 from litforge.resume import how_to_resume
 
 log = logging.getLogger(__name__)
@@ -33,7 +36,7 @@ class ReportsLostProcesses:
     processes sets `watches_started_processes = False`. Under a cluster launcher that starts
     every process itself nothing races the line."""
 
-    _lost_line: str | None = None
+    lost_line: str | None = None  # set by on_exception when a process of the job was lost
     _ending = False  # this process stops the job itself (and the processes it started)
     already_lost: frozenset[int] = frozenset()  # ranks the job went on without and knows of
     watches_started_processes = True
@@ -61,11 +64,11 @@ class ReportsLostProcesses:
     def on_exception(self, exception: BaseException) -> None:
         self._ending = True
         super().on_exception(exception)
-        self._lost_line = self.lost_process(exception)
+        self.lost_line = self.lost_process(exception)
 
     def lost_process(self, exception: BaseException) -> str | None:
-        if self._lost_line:
-            return self._lost_line
+        if self.lost_line:
+            return self.lost_line
         children = getattr(self.launcher, "procs", None) or []  # started by this process
         dead = [
             (rank, process, code)
@@ -90,6 +93,38 @@ class ReportsLostProcesses:
 
     def process_name(self, rank: int) -> str:
         return f"rank {rank}"
+
+
+@contextlib.contextmanager
+def lost_process_ends_the_job(strategy: object) -> Iterator[None]:
+    """Around `trainer.fit`: an error that the strategy's `lost_process` names ends the job in that
+    line (a UserError). torchrun SIGTERMs the surviving processes when one dies; once this process
+    knows of a lost one (its `on_exception`, before Lightning puts back the SIGTERM handler it
+    found: this one), a SIGTERM waits for the line. Any other SIGTERM does what it did before."""
+    if not isinstance(strategy, ReportsLostProcesses):
+        yield
+        return
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        if signal.getsignal(signal.SIGTERM) is not on_sigterm:
+            return  # called by Lightning's own handler, which stops the run
+        if strategy.lost_line is None:
+            signal.signal(signal.SIGTERM, previous)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    main = threading.current_thread() is threading.main_thread()  # (where signals are handled)
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if main else None
+    try:
+        yield
+    except Exception as err:
+        if lost := strategy.lost_process(err):
+            if main:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the line first
+            raise UserError(lost) from err
+        raise
+    finally:
+        if main and signal.getsignal(signal.SIGTERM) is on_sigterm:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _what_failed(exception: BaseException) -> str:
