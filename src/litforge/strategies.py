@@ -40,11 +40,15 @@ class ReportsLostProcesses:
     _ending = False  # this process stops the job itself (and the processes it started)
     already_lost: frozenset[int] = frozenset()  # ranks the job went on without and knows of
     watches_started_processes = True
+    _watched: frozenset[int] = frozenset()  # the pids watched
 
     def setup(self, trainer) -> None:
         super().setup(trainer)
-        if self.watches_started_processes and hasattr(os, "waitid"):  # (not on macOS)
-            for child in getattr(self.launcher, "procs", None) or []:  # started by this process
+        if not self.watches_started_processes or not hasattr(os, "waitid"):  # (not on macOS)
+            return
+        for child in getattr(self.launcher, "procs", None) or []:  # started by this process
+            if child.pid not in self._watched:  # (fit, then test: set up again)
+                self._watched |= {child.pid}
                 threading.Thread(target=self._watch, args=(child,), daemon=True).start()
 
     def _watch(self, child: subprocess.Popen) -> None:
