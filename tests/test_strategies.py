@@ -300,13 +300,13 @@ def test_the_process_killed_is_named_before_one_that_exited_on_losing_it():
 
 def test_a_killed_process_is_logged_the_moment_it_dies(caplog):
     # Lightning's watch may SIGKILL the job before the surviving process has ended it in its
-    # line: the death is logged at once. A process that exits with a status of its own has said
-    # why, and one killed while this process ends the job is not logged.
+    # line: the first death by a signal is logged at once. Not logged: an exit with a status of
+    # its own (that process said why), a SIGTERM (asked to stop), the deaths after the first.
     from types import SimpleNamespace
 
     from litforge.strategies import DDPStrategy
 
-    def watch(process: subprocess.Popen, end=None) -> None:
+    def watch(strategy, process: subprocess.Popen, end=None) -> None:
         watching = threading.Thread(target=strategy._watch, args=(process,))
         watching.start()
         if end:
@@ -314,24 +314,23 @@ def test_a_killed_process_is_logged_the_moment_it_dies(caplog):
         watching.join(timeout=30)
         assert not watching.is_alive()
 
+    processes = [subprocess.Popen(["sleep", "60"]) for _ in range(3)] + [subprocess.Popen("false")]
+    stopped, killed, killed_after, exited = processes
     strategy = DDPStrategy()
-    killed, exited, stopped = (
-        subprocess.Popen(["sleep", "60"]),
-        subprocess.Popen(["false"]),
-        subprocess.Popen(["sleep", "60"]),
-    )
-    strategy._launcher = SimpleNamespace(procs=[killed, exited, stopped])  # ranks 1 to 3
-    with caplog.at_level(logging.ERROR, logger="litforge.strategies"):
-        watch(killed, killed.kill)
-        watch(exited)
-        strategy.on_exception(RuntimeError("an error of this process"))
-        watch(stopped, stopped.kill)
-    assert [r.getMessage() for r in caplog.records] == [
-        f"The process of rank 1 (pid {killed.pid}) died (killed by SIGKILL): the job stops."
-    ]
-    assert strategy.lost_process(RuntimeError("")).startswith(
-        f"the process of rank 1 (pid {killed.pid})"
-    )
+    strategy._launcher = SimpleNamespace(procs=processes)  # ranks 1 to 4
+    try:
+        with caplog.at_level(logging.ERROR, logger="litforge.strategies"):
+            watch(strategy, exited)
+            watch(strategy, stopped, stopped.terminate)
+            watch(strategy, killed, killed.kill)
+            watch(strategy, killed_after, killed_after.kill)
+        assert [r.getMessage() for r in caplog.records] == [
+            f"The process of rank 2 (pid {killed.pid}) died (killed by SIGKILL): the job stops."
+        ]
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
 
 
 @pytest.mark.parametrize("lost", [True, False])
@@ -360,6 +359,30 @@ except Exception as err:
         assert result.stdout.splitlines() == ["after SIGTERM", f"error: {line}"]
     else:  # as without the handler: the process is terminated
         assert result.returncode == -signal.SIGTERM and result.stdout == "", result.stderr
+
+
+def test_a_sigterm_handler_of_your_own_is_still_called_during_fit():
+    # Lightning calls the SIGTERM handler it finds after its own: the one around fit passes
+    # the signal on to the handler that was there before it (a cluster tool's, a fork's).
+    script = """
+import os, signal
+from litforge.strategies import DDPStrategy, lost_process_ends_the_job
+signal.signal(signal.SIGTERM, lambda *_: print("your handler", flush=True))
+with lost_process_ends_the_job(DDPStrategy()):
+    found = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda *a: (print("Lightning's", flush=True), found(*a)))
+    os.kill(os.getpid(), signal.SIGTERM)
+    signal.signal(signal.SIGTERM, found)  # Lightning's teardown
+print("after fit:", signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None), flush=True)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "Lightning's",
+        "your handler",
+        "your handler",
+        "after fit: None",
+    ]
 
 
 def test_a_lost_peer_is_named_from_the_error_alone():

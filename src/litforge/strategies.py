@@ -20,6 +20,7 @@ from litforge.resume import how_to_resume
 log = logging.getLogger(__name__)
 # What gloo and NCCL say when a peer is gone; "pair closure": a hung peer (a plain RuntimeError).
 COMMUNICATION_ERRORS = ("gloo", "NCCL", "Connection reset", "Connection closed", "pair closure")
+_FIRST_DEATH = threading.Lock()
 
 
 class ReportsLostProcesses:
@@ -37,7 +38,7 @@ class ReportsLostProcesses:
     every process itself nothing races the line."""
 
     lost_line: str | None = None  # set by on_exception when a process of the job was lost
-    _ending = False  # this process stops the job itself (and the processes it started)
+    _stopping = False  # a death was said, or this process kills the others (Ctrl+C)
     already_lost: frozenset[int] = frozenset()  # ranks the job went on without and knows of
     watches_started_processes = True
     _watched: frozenset[int] = frozenset()  # the pids watched
@@ -53,20 +54,28 @@ class ReportsLostProcesses:
 
     def _watch(self, child: subprocess.Popen) -> None:
         # Woken by the death itself, so it is said before Lightning's watch polls (every 5 s).
-        # WNOWAIT: the status stays for `poll` (Lightning's, `lost_process`). A process that
-        # exited with a status of its own has said why.
+        # WNOWAIT: the status stays for `poll` (Lightning's, `lost_process`). Not said: an exit
+        # with a status of its own (that process said why), a SIGTERM or SIGINT (asked to stop,
+        # as the job was), the processes this one kills on Ctrl+C, and any death after the first.
         try:
             death = os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
         except ChildProcessError:  # already reaped
             return
-        if death and death.si_code != os.CLD_EXITED and not self._ending:
-            rank = self.node_rank * self.num_processes + 1 + self.launcher.procs.index(child)
-            how = signal.Signals(death.si_status).name
-            log.error(f"The process of {self.process_name(rank)} (pid {child.pid}) died "
-                      f"(killed by {how}): the job stops.")  # fmt: skip
+        if death is None or death.si_code == os.CLD_EXITED:
+            return
+        how = signal.Signals(death.si_status)
+        with _FIRST_DEATH:
+            if self._stopping or how in (signal.SIGTERM, signal.SIGINT):
+                return
+            self._stopping = True
+        rank = self.node_rank * self.num_processes + 1 + self.launcher.procs.index(child)
+        log.error(f"The process of {self.process_name(rank)} (pid {child.pid}) died (killed by "
+                  f"{how.name}): the job stops.")  # fmt: skip
 
     def on_exception(self, exception: BaseException) -> None:
-        self._ending = True
+        if isinstance(exception, KeyboardInterrupt):  # Lightning then SIGKILLs the others
+            with _FIRST_DEATH:
+                self._stopping = True
         super().on_exception(exception)
         self.lost_line = self.lost_process(exception)
 
@@ -110,14 +119,18 @@ def lost_process_ends_the_job(strategy: object) -> Iterator[None]:
         return
 
     def on_sigterm(signum: int, frame: object) -> None:
-        if signal.getsignal(signal.SIGTERM) is not on_sigterm:
-            return  # called by Lightning's own handler, which stops the run
-        if strategy.lost_line is None:
+        if signal.getsignal(signal.SIGTERM) is not on_sigterm:  # Lightning's handler calls it
+            if callable(previous):  # (as it would have called that one)
+                previous(signum, frame)
+        elif strategy.lost_line is None:
             signal.signal(signal.SIGTERM, previous)
             os.kill(os.getpid(), signal.SIGTERM)
 
     main = threading.current_thread() is threading.main_thread()  # (where signals are handled)
-    previous = signal.signal(signal.SIGTERM, on_sigterm) if main else None
+    # (None: a handler not set from Python, which cannot be put back)
+    previous = (signal.getsignal(signal.SIGTERM) or signal.SIG_DFL) if main else None
+    if main:
+        signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield
     except Exception as err:
