@@ -778,16 +778,16 @@ def assert_dead_rank_named(tmp_path: Path, data_dir: Path, *strategy: str) -> No
         args, "last.ckpt (epoch 0,", 1, env={"MASTER_PORT": str(free_port())}
     )
     assert "Traceback" not in text
-    named = f"the process of rank 1 (pid {children[1]}) died (killed by SIGKILL)"
+    named = f"process of rank 1 (pid {children[1]}) died (killed by SIGKILL)"
     # Logged at the death; then this process ends the job in one line, exit 1, unless Lightning's
     # watch (every 5 s) SIGKILLs it first.
     assert f"The {named}: the job stops." in text, text[-3000:]
     if status != 1:
-        assert status == -signal_module.SIGKILL, text[-3000:]
-        assert "Forcefully terminating all other processes" in text, text[-3000:]
+        assert status == -signal_module.SIGKILL, (status, text[-3000:])
+        assert "Forcefully terminating all other processes" in text, (status, text[-3000:])
         return
     assert text.strip().splitlines()[-1] == (
-        f"error: {named}, so the job stopped. Its own output above says why; to resume, run the "
+        f"error: the {named}, so the job stopped. Its own output above says why; to resume, run the "
         f"same command with ckpt_path=last."
     ), text[-3000:]
 
