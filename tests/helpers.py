@@ -787,8 +787,8 @@ def assert_dead_rank_named(tmp_path: Path, data_dir: Path, *strategy: str) -> No
         assert "Forcefully terminating all other processes" in text, (status, text[-3000:])
         return
     assert text.strip().splitlines()[-1] == (
-        f"error: the {named}, so the job stopped. Its own output above says why; to resume, run the "
-        f"same command with ckpt_path=last."
+        f"error: the {named}, so the job stopped. Its own output above says why; to resume, run "
+        f"the same command with ckpt_path=last."
     ), text[-3000:]
 
 
