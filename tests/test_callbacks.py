@@ -1,5 +1,5 @@
 """litforge.callbacks: the NaN stop (in-process fits of a small MLP on random tensors); the progress
-bar and the plots: tests/test_console.py, tests/test_plots.py."""
+bar: tests/test_console.py."""
 
 import lightning as L
 import pytest

@@ -29,8 +29,8 @@ def test_eval_reproduces_the_training_test_metrics(tmp_path, idx_data_dir):
     assert evaluated["test/acc"] == trained["test/acc"]
     assert evaluated["test/loss"] == pytest.approx(trained["test/loss"], rel=1e-6)
     assert (tmp_path / "e" / "run" / "metrics.json").is_file()
-    assert (tmp_path / "e" / "run" / "plots" / "confusion_matrix.png").is_file()
-    assert not (tmp_path / "e" / "run" / "plots" / "curves.png").exists()  # no epochs in eval
+    assert (tmp_path / "e" / "run" / "plots" / "confusion_matrix.png").is_file()  # feature: plots
+    assert not (tmp_path / "e" / "run" / "plots" / "curves.png").exists()  # feature: plots
 
 
 @pytest.fixture(scope="module")

@@ -34,26 +34,6 @@ def test_run_dir_holds_checkpoints_logs_and_metrics(trained_run):
     assert gc.get_freeze_count() == 0, "objects frozen for training are handed back"
 
 
-def test_plots_are_pictures_of_the_run(trained_run):
-    _, _, run_dir = trained_run
-    for name in ("confusion_matrix.png", "curves.png"):
-        data = (run_dir / "plots" / name).read_bytes()
-        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000, name
-
-
-def test_curves_need_no_logger(tmp_path, idx_data_dir):
-    cfg = compose_config("train", tmp_path, [*FAST, "logger=none", "trainer.max_epochs=3"])
-    train(cfg)
-    history = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
-    # every epoch with train and val statistics, kept in checkpoints for resumed runs' curves
-    [epochs] = [v["epochs"] for k, v in history["callbacks"].items() if "ClassificationPlots" in k]
-    assert sorted(epochs) == [0, 1, 2]
-    assert all(
-        set(m) == {"train/loss", "train/acc", "val/loss", "val/acc"} for m in epochs.values()
-    )
-    assert (tmp_path / "run" / "plots" / "curves.png").stat().st_size > 10_000
-
-
 def test_checkpoints_load_with_weights_only(trained_run):
     _, _, run_dir = trained_run
     for path in (run_dir / "checkpoints").glob("*.ckpt"):

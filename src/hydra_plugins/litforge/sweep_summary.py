@@ -125,17 +125,23 @@ def write(
 
 def _plot(jobs: list[JobResult], metric: str, path: Path) -> None:
     """The optimized metric of each job that has one (not NaN), first job on top."""
-    from litforge import plots
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
 
     varying = _varying(jobs)
     scored = [job for job in jobs if not math.isnan(job.metrics.get(metric, math.nan))][::-1]
-    fig, ax = plots.pyplot().subplots(figsize=(8, 1.5 + 0.4 * len(scored)), dpi=100)
+    fig, ax = plt.subplots(figsize=(8, 1.5 + 0.4 * len(scored)), dpi=100)
     ax.barh(
         [f"#{job.num} {varying[job.num]}" for job in scored],
         [job.metrics[metric] for job in scored],
     )
     ax.set(xlabel=metric, title=f"{metric} per job")
-    plots.close(plots.save(fig, path))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def _markdown(table: list[dict[str, str]], columns: list[str]) -> str:

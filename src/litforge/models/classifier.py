@@ -96,7 +96,7 @@ class ClassificationModule(L.LightningModule):
         self.test_metrics = metrics.clone(prefix="test/")
         self.val_loss = MeanMetric(nan_strategy="disable")
         self.test_loss = MeanMetric(nan_strategy="disable")
-        self.test_confusion = MulticlassConfusionMatrix(num_classes)  # for plots/, after test
+        self.test_confusion = MulticlassConfusionMatrix(num_classes)  # counts, after test
         self.test_confusion_matrix: torch.Tensor | None = None
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # part of the checkpoint, so a resumed run keeps it

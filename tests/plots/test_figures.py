@@ -1,9 +1,10 @@
-"""The pictures a run draws (litforge/plots.py) show all their text, whatever the class count."""
+"""The pictures a run draws (litforge/plots/figures.py) show all their text, whatever the class
+count."""
 
 import pytest
 import torch
 
-from litforge import plots
+from litforge.plots import figures as plots
 
 NAMES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker"]
 
