@@ -1,8 +1,7 @@
 """Our own checks raise `UserError`: the run ends in one `error:` line and exit status 1
-(`HYDRA_FULL_ERROR=1`: the traceback), through the `reported` decorator under `@hydra.main` (and
-`one_line` on a sweeper's methods). Hydra's and OmegaConf's own errors (an unknown key or option,
-a `???` left, an instantiation that fails) are left to Hydra, which prints them as it always
-does. Importing this changes nothing."""
+(`HYDRA_FULL_ERROR=1`: the traceback), through the `reported` decorator under `@hydra.main`.
+Hydra's and OmegaConf's own errors (an unknown key or option, a `???` left, an instantiation that
+fails) are left to Hydra, which prints them as it always does. Importing this changes nothing."""
 
 import functools
 import logging
@@ -16,11 +15,6 @@ from typing import Any
 
 class UserError(Exception):
     """A problem the user can fix (a missing file, a bad value). The message says what and how."""
-
-
-class JobFailed(Exception):
-    """The value of a sweep job that failed: its error line. (Not with the Hydra plugins: Hydra
-    may import those twice, making two classes of one name.)"""
 
 
 def number_problem(
@@ -50,24 +44,6 @@ def user_error(err: BaseException) -> UserError | None:
     while err is not None and not isinstance(err, UserError):
         err = err.__cause__
     return err
-
-
-def one_line(function):
-    """Decorate what Hydra runs outside a task (a sweeper's `setup` and `sweep`): a UserError
-    ends the process in one `error:` line and exit status 1 (`HYDRA_FULL_ERROR=1`: raised on).
-    SystemExit passes through Hydra, which would print any exception with a traceback."""
-
-    @functools.wraps(function)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return function(*args, **kwargs)
-        except UserError as err:
-            if os.environ.get("HYDRA_FULL_ERROR") == "1":
-                raise
-            _say_error(str(err))
-            sys.exit(1)
-
-    return run
 
 
 def reported(task):
@@ -101,7 +77,7 @@ def reported(task):
                 shutil.rmtree(new_folder, ignore_errors=True)
             if found is None or full:
                 raise
-            _say_error(line)
+            say_error(line)
             sys.exit(1)
 
     return run
@@ -146,7 +122,7 @@ def _holds_only_hydra_files(folder: Path, empty_logs: bool) -> bool:
     return True
 
 
-def _say_error(line: str) -> None:
+def say_error(line: str) -> None:
     # One write: `print` writes the newline apart, and unbuffered another process can cut in.
     sys.stderr.write(f"error: {line}\n")
     sys.stderr.flush()

@@ -64,7 +64,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, read_write
 
 from hydra_plugins.litforge import sweep_summary
-from litforge.errors import JobFailed, UserError, one_line
+from litforge.errors import UserError
+from litforge.sweeps import JobFailed, one_line
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from litforge.errors import JobFailed
+from litforge.sweeps import JobFailed
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from hydra.types import RunMode
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from litforge.errors import JobFailed
+from litforge.sweeps import JobFailed
 
 
 @dataclass
