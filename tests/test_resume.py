@@ -148,6 +148,46 @@ def test_no_checkpoint_to_resume_is_one_clear_error(tmp_path):
         newest_loadable(tmp_path / "checkpoints")
 
 
+def test_checkpoints_that_all_fail_to_load_are_not_called_missing(tmp_path, caplog):
+    checkpoints = tmp_path / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "last.ckpt").write_bytes(b"PK\x03\x04 cut off by a crash")
+    with pytest.raises(
+        UserError, match=r"none of the checkpoints in .* loads \(the warnings"
+    ):
+        newest_loadable(checkpoints)
+    # an earlier run of the same command whose checkpoints all fail to load: said, not "no run"
+    (tmp_path / "run" / ".hydra").mkdir()
+    (tmp_path / "run" / ".hydra" / "overrides.yaml").write_text("- model=cnn\n")
+    (tmp_path / "new").mkdir()
+    with pytest.raises(
+        UserError, match="checkpoints of the earlier runs of this command"
+    ):
+        last_checkpoint(tmp_path / "new", ["model=cnn"])
+    assert caplog.text.count("Skipping") == 2
+
+
+def test_a_resume_names_the_optimizer_and_scheduler_settings_it_cannot_change():
+    from litforge.resume import settings_that_resuming_ignores
+
+    saved = {
+        "optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 0.001},
+        "scheduler": {"_target_": "torch.optim.lr_scheduler.CosineAnnealingLR", "T_max": 1},
+    }
+    checkpoint = {"hyper_parameters": saved}
+    assert settings_that_resuming_ignores(checkpoint, saved) == []
+    longer = {**saved, "scheduler": {**saved["scheduler"], "T_max": 3, "interval": "step"}}
+    assert settings_that_resuming_ignores(checkpoint, longer) == [
+        "model.scheduler.T_max=3 (saved: 1)"  # (interval: Lightning's, read anew)
+    ]
+    other = {**saved, "optimizer": {**saved["optimizer"], "lr": 0.01}, "scheduler": None}
+    assert settings_that_resuming_ignores(checkpoint, other) == [
+        "model.optimizer.lr=0.01 (saved: 0.001)",
+        "model.scheduler.T_max=None (saved: 1)",
+        "model.scheduler._target_=None (saved: torch.optim.lr_scheduler.CosineAnnealingLR)",
+    ]
+
+
 def test_auto_starts_fresh_without_a_checkpoint_but_testing_needs_one(tmp_path, caplog):
     caplog.set_level(logging.INFO)
     assert auto_checkpoint(str(tmp_path)) is None
@@ -209,6 +249,14 @@ def test_ckpt_path_last_continues_the_run_of_the_same_command_in_a_new_folder(
     )
     # that run had finished: nothing to train, said so, and its metrics are reported anew
     assert "already reached trainer.max_epochs=1: nothing left to train" in again.stdout
+    assert "has no effect" not in again.stdout + again.stderr  # the same settings
+
+    more = ["trainer.max_epochs=3", f"hydra.run.dir={run}", "ckpt_path=last"]
+    longer = run_in_process("train.py", *command, *more)
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    assert (  # the default cosine schedule ends at trainer.max_epochs
+        "so model.scheduler.T_max=3 (saved: 1) has no effect" in longer.stdout + longer.stderr
+    )
     assert "val/acc_best" in json.loads((new / "metrics.json").read_text())
 
     other = run_in_process("train.py", *command, "seed=7", "ckpt_path=last")

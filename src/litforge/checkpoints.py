@@ -223,7 +223,10 @@ def check_registered(checkpoint: dict[str, Any], where: str) -> None:
         raise UserError(f"{where} holds hyper-parameters that are no dict of settings. {FIX}")
     accepted = {p for m in MODULES for p in inspect.signature(m.__init__).parameters} - {"self"}
     if unknown := [k for k in hp if k not in accepted]:
-        raise UserError(f"{where} holds settings no registered module takes: {unknown}. {FIX}")
+        raise UserError(
+            f"{where} holds settings no registered module takes: {unknown}. A LightningModule "
+            f"of yours that takes them: add it to MODULES in src/litforge/models/__init__.py."
+        )
     try:
         if "input_shape" in hp:  # what eval.py also fills data settings with
             settings = ("num_classes", "class_names", "class_weights", "mean", "std")

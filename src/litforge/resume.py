@@ -21,6 +21,7 @@ from litforge.errors import UserError
 log = logging.getLogger(__name__)
 # Once per job: Lightning knows the rank from the launcher's environment before the strategy does.
 info_on_rank_zero = rank_zero_only(log.info)
+warning_on_rank_zero = rank_zero_only(log.warning)
 
 
 @contextmanager
@@ -64,6 +65,11 @@ def newest_loadable(
         return path
     if not required:
         return None
+    if any(checkpoint_dir.glob("*.ckpt")):
+        raise UserError(
+            f"ckpt_path=last: none of the checkpoints in {checkpoint_dir} loads (the warnings "
+            f"above say why). Fix what they name, or give ckpt_path=<file>."
+        )
     raise UserError(
         f"ckpt_path=last: no checkpoint to resume in {checkpoint_dir}. Run the same command "
         f"without ckpt_path to start, or give ckpt_path=<file>."
@@ -103,6 +109,12 @@ def last_checkpoint(output_dir: Path, command: list[str] | None = None) -> Path:
     for run in sorted(runs, key=_newest_change, reverse=True):
         if found := newest_loadable(run / "checkpoints", required=False, into=output_dir):
             return found
+    if runs:
+        raise UserError(
+            f"ckpt_path=last: the checkpoints of the earlier runs of this command in "
+            f"{output_dir.parent} do not load (the warnings above say why). Fix what they name, "
+            f"or give ckpt_path=<file>."
+        )
     raise UserError(
         f"ckpt_path=last: no earlier run of this command (the same overrides, ckpt_path aside) "
         f"has a checkpoint in {output_dir.parent}. Resume a given run with "
@@ -136,4 +148,28 @@ def checked_checkpoint(
     checkpoint = checkpoints.read_checkpoint(ckpt_path)
     checkpoints.check_same_dataset(checkpoint, dataset, ckpt_path, model.hparams.get("class_names"))
     checkpoints.check_same_shapes(checkpoint["state_dict"], model.state_dict(), ckpt_path)
+    if fitting and (ignored := settings_that_resuming_ignores(checkpoint, model.hparams)):
+        warning_on_rank_zero(
+            f"Resuming {ckpt_path}: the optimizer and scheduler go on from their saved states, "
+            f"so {', '.join(ignored)} has no effect. To train with these settings, start a new "
+            f"run (without ckpt_path)."
+        )
     return ckpt_path, checkpoint
+
+
+# Lightning's scheduler settings, read from the config anew on a resume: not in the saved state.
+NOT_SAVED = ("interval", "frequency", "monitor")
+
+
+def settings_that_resuming_ignores(checkpoint: dict[str, Any], hparams: Any) -> list[str]:
+    """`model.optimizer.*` and `model.scheduler.*` settings that differ from the checkpoint's:
+    Lightning restores the optimizer's and scheduler's states, which hold them (a cosine
+    schedule's `T_max`: a run resumed with more epochs would train on at the old end's rate)."""
+    saved = checkpoint.get("hyper_parameters") or {}
+    ignored = []
+    for key in ("optimizer", "scheduler"):
+        old, new = saved.get(key) or {}, hparams.get(key) or {}
+        for name in sorted(set(old) | set(new)):
+            if name not in NOT_SAVED and old.get(name) != new.get(name):
+                ignored.append(f"model.{key}.{name}={new.get(name)} (saved: {old.get(name)})")
+    return ignored
