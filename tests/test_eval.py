@@ -3,6 +3,7 @@
 import pytest
 import torch
 from helpers import CRAFTED, REFUSED, compose_config, crafted_checkpoint, write_idx_dataset
+from omegaconf import OmegaConf
 
 from litforge.errors import UserError
 from litforge.pipeline import evaluate, train
@@ -65,6 +66,13 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path, ckpt, message):
     overrides = [] if ckpt is None else [f"ckpt_path={tmp_path / ckpt}"]
     with pytest.raises(UserError, match=message):
         evaluate(compose_config("eval", tmp_path, overrides))
+
+
+@pytest.mark.parametrize("callbacks", ["default", "[default,early_stopping]"])
+def test_train_py_callbacks_pasted_into_eval_py_compose(tmp_path, callbacks):
+    cfg = compose_config("eval", tmp_path, [f"callbacks={callbacks}", "ckpt_path=x.ckpt"])
+    OmegaConf.resolve(cfg)
+    assert cfg.callbacks.model_checkpoint.monitor == "val/acc_best"
 
 
 def test_a_run_without_callbacks_evaluates_without_model(tmp_path, idx_data_dir):

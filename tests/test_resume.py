@@ -152,17 +152,13 @@ def test_checkpoints_that_all_fail_to_load_are_not_called_missing(tmp_path, capl
     checkpoints = tmp_path / "run" / "checkpoints"
     checkpoints.mkdir(parents=True)
     (checkpoints / "last.ckpt").write_bytes(b"PK\x03\x04 cut off by a crash")
-    with pytest.raises(
-        UserError, match=r"none of the checkpoints in .* loads \(the warnings"
-    ):
+    with pytest.raises(UserError, match=r"none of the checkpoints in .* loads \(the warnings"):
         newest_loadable(checkpoints)
     # an earlier run of the same command whose checkpoints all fail to load: said, not "no run"
     (tmp_path / "run" / ".hydra").mkdir()
     (tmp_path / "run" / ".hydra" / "overrides.yaml").write_text("- model=cnn\n")
     (tmp_path / "new").mkdir()
-    with pytest.raises(
-        UserError, match="checkpoints of the earlier runs of this command"
-    ):
+    with pytest.raises(UserError, match="checkpoints of the earlier runs of this command"):
         last_checkpoint(tmp_path / "new", ["model=cnn"])
     assert caplog.text.count("Skipping") == 2
 

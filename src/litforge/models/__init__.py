@@ -1,14 +1,15 @@
 """Networks (plain `nn.Module`s) and the LightningModule that trains them.
 
 A checkpoint stores its network, optimizer and scheduler configs, built again when it loads: it
-is data, so what it (and a training config) may build is registered here, anything else refused.
+is data, so what it may build is registered here, anything else refused. (A training config is
+yours, and builds whatever it names.)
 A name matches exactly: the name listed, or where that class is defined
 (`torch.optim.adamw.AdamW` is `torch.optim.AdamW`), never a name that merely starts like one.
 
 - `NETWORKS`: what `model.net._target_` may name. **Add your own network here.**
 - `OPTIMIZERS`, `SCHEDULERS`: what `model.optimizer._target_` and `model.scheduler._target_` may
   name: every optimizer and learning-rate scheduler class of `torch.optim`. Add others here.
-- `MODULES`: the LightningModules `eval.py`, predict, export and serve build from a checkpoint.
+- `MODULES`: the LightningModules that `eval.py` (and any other loader) builds from a checkpoint.
 """
 
 import torch.optim
