@@ -165,9 +165,19 @@ def test_a_forks_own_training_step_trains_evaluates_and_resumes(tmp_path, idx_da
     assert evaluated["test/acc"] == first["test/acc"]
 
 
-def test_an_optimizer_from_outside_torch_optim_trains(tmp_path, idx_data_dir):
-    """The user's config is trusted: any optimizer class trains (here a fork's own)."""
+def test_an_optimizer_from_outside_torch_optim_trains(tmp_path, idx_data_dir, caplog):
+    """The user's config is trusted: any optimizer class trains (here a fork's own). Its
+    checkpoints load once it is registered, which the run says at its start."""
     overrides = [*FAST, "trainer.max_epochs=1", "model.optimizer._target_=helpers.SignSGD"]
     overrides += ["~model.optimizer.weight_decay", "model.optimizer.lr=0.01"]
     metrics = train(compose_config("train", tmp_path, overrides))
     assert metrics["test/acc"] > 0.5
+    assert (
+        "This run: model.optimizer._target_=helpers.SignSGD is not allowed: a checkpoint builds "
+        "only what litforge.models.OPTIMIZERS lists" in caplog.text
+    )
+    assert "Until then its checkpoints load neither in eval.py nor to resume." in caplog.text
+    caplog.clear()  # torch.optim's own: nothing to say
+    more = ["trainer.max_epochs=1", f"paths.data_dir={idx_data_dir}"]
+    train(compose_config("train", tmp_path / "adamw", [*FAST, *more]))
+    assert "Until then" not in caplog.text

@@ -217,6 +217,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     cfg.ckpt_path = ckpt_path  # train.yaml has the key: the run's logged config gets the path
     datamodule = build_datamodule(cfg)
     model = build_model(cfg, datamodule)
+    if fitting and rank_zero_only.rank == 0:
+        warn_unless_loadable(model)
     trainer = build_trainer(cfg)
     if ckpt_path:
         ckpt_path, checkpoint = resume.checked_checkpoint(
@@ -247,6 +249,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
         test(trainer, model, datamodule, ckpt_path=ckpt_path or None)
         metrics.update(_float_metrics(trainer))
     return finish(cfg, trainer, metrics)
+
+
+def warn_unless_loadable(model: L.LightningModule) -> None:
+    """Your config builds anything; a checkpoint only what `litforge.models` registers: said at
+    the start of a run whose checkpoints would not load."""
+    try:
+        checkpoints.check_registered({"hyper_parameters": dict(model.hparams)}, "This run")
+    except UserError as err:
+        log.warning(f"{err} Until then its checkpoints load neither in eval.py nor to resume.")
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
