@@ -32,4 +32,4 @@ class LogsRunFiles:
     global-zero process once metrics.json is written (`best`: the best checkpoint, or None)."""
 
     def log_run_files(self, run_dir: Path, best_checkpoint: str | None) -> None:
-        """Hand the run folder's files (metrics.json, pictures, the best checkpoint) to the logger."""
+        """Hand the run folder's files (metrics.json, pictures, the checkpoint) to the logger."""
