@@ -232,7 +232,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
         if ckpt_path and not any(k.startswith("val/") for k in trainer.callback_metrics):
             log.warning(
                 f"{ckpt_path} already reached trainer.max_epochs={trainer.max_epochs}: nothing "
-                f"left to train (raise trainer.max_epochs to train on). Validating it instead."
+                f"left to train, validating it instead. (More epochs: in its run folder, "
+                f"hydra.run.dir=<run> trainer.max_epochs=<more> ckpt_path=last; its learning-rate "
+                f"schedule goes on as saved.)"
             )
             trainer.validate(model, datamodule=datamodule)
         metrics.update(_float_metrics(trainer))
