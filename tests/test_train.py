@@ -3,6 +3,7 @@
 import gc
 import json
 
+import lightning as L
 import pytest
 import torch
 from helpers import ROOT, compose_config, run_in_process, run_script
@@ -163,6 +164,34 @@ def test_a_forks_own_training_step_trains_evaluates_and_resumes(tmp_path, idx_da
         compose_config("eval", tmp_path / "e", [*data, f"ckpt_path={last}", f"+{module}"])
     )
     assert evaluated["test/acc"] == first["test/acc"]
+
+
+def test_a_checkpoint_loads_as_the_registered_class_that_wrote_it(tmp_path, monkeypatch, caplog):
+    from helpers import DictStepModule
+
+    from litforge import models
+    from litforge.checkpoints import load_module
+
+    module = DictStepModule(
+        net={"_target_": "litforge.models.mlp.MLP", "hidden_sizes": [8]},
+        input_shape=(1, 28, 28),
+        num_classes=10,
+        optimizer={"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1},
+    )
+    path = tmp_path / "fork.ckpt"
+    checkpoint = {"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}
+    checkpoint["pytorch-lightning_version"] = L.__version__  # what Lightning's loading reads
+    module.on_save_checkpoint(checkpoint)
+    torch.save(checkpoint, path)
+    trained_as = f"helpers.{DictStepModule.__qualname__}"  # (a class made in a function)
+    assert checkpoint["module_class"] == trained_as
+
+    # Not registered: loaded as the one class that is, saying so.
+    assert type(load_module(checkpoint, str(path))) is models.ClassificationModule
+    assert f"was trained as {trained_as}, which litforge.models.MODULES" in caplog.text
+    # Registered beside it: that class, without model=.
+    monkeypatch.setattr(models, "MODULES", (models.ClassificationModule, DictStepModule))
+    assert type(load_module(checkpoint, str(path))) is DictStepModule
 
 
 def test_an_optimizer_from_outside_torch_optim_trains(tmp_path, idx_data_dir, caplog):

@@ -362,19 +362,29 @@ def check_settings(
 def load_module(
     checkpoint: dict[str, Any], ckpt_path: str, target: str | None = None
 ) -> L.LightningModule:
-    """The LightningModule of `target` (a trusted config's `_target_`; else the one module
-    `litforge.models.MODULES` registers) with the checkpoint's settings and weights, which
-    `read_checkpoint` has checked: a file through Lightning's `load_from_checkpoint`."""
+    """The LightningModule of `target` (a trusted config's `_target_`; else the class of
+    `litforge.models.MODULES` that the checkpoint names as its `module_class`, or the one class
+    registered) with the checkpoint's settings and weights, which `read_checkpoint` has checked:
+    a file through Lightning's `load_from_checkpoint`."""
     from hydra.utils import get_class
 
     from litforge.models import MODULES
 
-    if target is None and len(MODULES) != 1:
+    registered = {class_path(m): m for m in MODULES}
+    trained_as = checkpoint.get("module_class")
+    trained_as = trained_as if isinstance(trained_as, str) else None
+    if target is None and trained_as not in registered and len(MODULES) != 1:
         raise UserError(
             f"{ckpt_path}: several LightningModules are registered in litforge.models.MODULES; "
             f"add model=<the model config it was trained with>."
         )
-    module_class = get_class(target) if target else MODULES[0]
+    module_class = get_class(target) if target else registered.get(trained_as, MODULES[0])
+    if target is None and trained_as and trained_as not in registered:
+        log.warning(
+            f"{ckpt_path} was trained as {trained_as}, which litforge.models.MODULES does not "
+            f"list: loading it as {class_path(module_class)}. Add model=<its config>, or add "
+            f"the class to MODULES."
+        )
     if "hyper_parameters" not in checkpoint:
         raise UserError(
             f"{ckpt_path} holds no hyper-parameters (its module did not call "
@@ -385,6 +395,10 @@ def load_module(
     model = module_class(**checkpoint["hyper_parameters"])  # a folder of shards
     model.load_state_dict(checkpoint["state_dict"])
     return model
+
+
+def class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def check_same_dataset(

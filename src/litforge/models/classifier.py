@@ -109,6 +109,10 @@ class ClassificationModule(L.LightningModule):
             checkpoints.read_checkpoint(checkpoint_path)
         return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # The class that wrote it (a fork's subclass): loaders pick it among MODULES by this name.
+        checkpoint["module_class"] = checkpoints.class_path(type(self))
+
     def configure_model(self) -> None:
         if getattr(self, "_configured", False):  # Lightning calls this on every run
             return
