@@ -144,7 +144,7 @@ def test_sweep_from_another_directory_uses_it_as_the_project_root(tmp_path, idx_
     assert "test/acc" in json.loads((sweep / "0" / "metrics.json").read_text())
 
 
-def test_a_forks_own_training_step_trains_evaluates_and_resumes(tmp_path, idx_data_dir):
+def test_a_forks_own_training_step_trains_evaluates_and_resumes(tmp_path, idx_data_dir, caplog):
     """A step that returns a dict with its logits and logs its own metric runs with the
     default callbacks; eval.py and a resumed run take the same module."""
     from litforge.pipeline import evaluate
@@ -152,6 +152,7 @@ def test_a_forks_own_training_step_trains_evaluates_and_resumes(tmp_path, idx_da
     module = "model._target_=helpers.DictStepModule"
     data = ["data=mnist", "data.val_size=100", f"paths.data_dir={idx_data_dir}"]
     first = train(compose_config("train", tmp_path / "a", [*data, module, "trainer.max_epochs=1"]))
+    assert "is not in litforge.models.MODULES: eval.py builds its checkpoints" in caplog.text
     assert "train/top2" in first and first["test/acc"] > 0.5
     last = tmp_path / "a" / "run" / "checkpoints" / "last.ckpt"
 

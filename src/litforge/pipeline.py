@@ -256,10 +256,18 @@ def train(cfg: DictConfig) -> dict[str, float]:
 def warn_unless_loadable(model: L.LightningModule) -> None:
     """Your config builds anything; a checkpoint only what `litforge.models` registers: said at
     the start of a run whose checkpoints would not load."""
+    from litforge.models import MODULES
+
     try:
         checkpoints.check_registered({"hyper_parameters": dict(model.hparams)}, "This run")
     except UserError as err:
         log.warning(f"{err} Until then its checkpoints load neither in eval.py nor to resume.")
+    if type(model) not in MODULES:
+        log.warning(
+            f"This run's module, {checkpoints.class_path(type(model))}, is not in "
+            f"litforge.models.MODULES: eval.py builds its checkpoints as that class only when "
+            f"given model=<its config>. Add it to MODULES to load them without."
+        )
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
