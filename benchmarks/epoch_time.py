@@ -19,7 +19,7 @@ An epoch is one pass over the 55k training images plus one over the 5k validatio
 first (warm-up) epoch is not counted. `--extras` adds `model.compile=true` rows.
 
 The fixed cost: `python train.py` for one training batch and one validation batch (default
-callbacks and logger, so checkpoints and plots too; no test stage), start to exit, against
+callbacks and logger, so checkpoints too; no test stage), start to exit, against
 `handwritten_run.py` (import torch, read the files, one step, save), each run `--fixed-runs`
 times, alternating. (Loading image files: `data_loading.py`.)
 """

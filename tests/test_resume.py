@@ -176,12 +176,17 @@ def test_a_resume_names_the_optimizer_and_scheduler_settings_it_cannot_change():
     assert settings_that_resuming_ignores(checkpoint, longer) == [
         "model.scheduler.T_max=3 (saved: 1)"  # (interval: Lightning's, read anew)
     ]
-    other = {**saved, "optimizer": {**saved["optimizer"], "lr": 0.01}, "scheduler": None}
+    other = {**saved, "optimizer": {**saved["optimizer"], "lr": 0.01, "weight_decay": 0.1}}
     assert settings_that_resuming_ignores(checkpoint, other) == [
         "model.optimizer.lr=0.01 (saved: 0.001)",
-        "model.scheduler.T_max=None (saved: 1)",
-        "model.scheduler._target_=None (saved: torch.optim.lr_scheduler.CosineAnnealingLR)",
+        "model.optimizer.weight_decay=0.1 (saved: None)",
     ]
+    # Another class, or a scheduler left out: the saved states cannot go on.
+    sgd = {**saved, "optimizer": {**saved["optimizer"], "_target_": "torch.optim.SGD"}}
+    with pytest.raises(UserError, match="model.optimizer._target_=torch.optim.SGD, but the"):
+        settings_that_resuming_ignores(checkpoint, sgd)
+    with pytest.raises(UserError, match="model.scheduler._target_=None, but the checkpoint"):
+        settings_that_resuming_ignores(checkpoint, {**saved, "scheduler": None})
 
 
 def test_auto_starts_fresh_without_a_checkpoint_but_testing_needs_one(tmp_path, caplog):

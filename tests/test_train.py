@@ -189,10 +189,14 @@ def test_a_checkpoint_loads_as_the_registered_class_that_wrote_it(tmp_path, monk
 
     # Not registered: loaded as the one class that is, saying so.
     assert type(load_module(checkpoint, str(path))) is models.ClassificationModule
-    assert f"was trained as {trained_as}, which litforge.models.MODULES" in caplog.text
+    assert f"written by the LightningModule {trained_as!r}: loading it as" in caplog.text
     # Registered beside it: that class, without model=.
     monkeypatch.setattr(models, "MODULES", (models.ClassificationModule, DictStepModule))
     assert type(load_module(checkpoint, str(path))) is DictStepModule
+    caplog.clear()  # model= naming another class wins, said
+    other = load_module(checkpoint, str(path), "litforge.models.ClassificationModule")
+    assert type(other) is models.ClassificationModule
+    assert "loading it as litforge.models.classifier.ClassificationModule." in caplog.text
 
 
 def test_an_optimizer_from_outside_torch_optim_trains(tmp_path, idx_data_dir, caplog):

@@ -18,10 +18,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from litforge.errors import UserError, check_number
 
 log = logging.getLogger(__name__)
+warning_on_rank_zero = rank_zero_only(log.warning)
 FIX = "Point it at a checkpoint written by train.py (<run dir>/checkpoints/)."
 
 
@@ -379,11 +381,12 @@ def load_module(
             f"add model=<the model config it was trained with>."
         )
     module_class = get_class(target) if target else registered.get(trained_as, MODULES[0])
-    if target is None and trained_as and trained_as not in registered:
-        log.warning(
-            f"{ckpt_path} was trained as {trained_as}, which litforge.models.MODULES does not "
-            f"list: loading it as {class_path(module_class)}. Add model=<its config>, or add "
-            f"the class to MODULES."
+    if trained_as and trained_as != class_path(module_class):
+        shown = repr(trained_as[:200])  # (the checkpoint's text: no control characters)
+        fix = "" if target else " Add the class to litforge.models.MODULES to load it as such."
+        warning_on_rank_zero(
+            f"{ckpt_path} was written by the LightningModule {shown}: loading it as "
+            f"{class_path(module_class)}.{fix}"
         )
     if "hyper_parameters" not in checkpoint:
         raise UserError(
@@ -408,13 +411,13 @@ def check_same_dataset(
     class_names: Sequence[str] | None = None,
 ) -> None:
     """Same dataset and classes (one `data=image_folder` may have other classes than another)."""
-    trained_on = checkpoint.get("datamodule_hyper_parameters", {}).get("name")
+    trained_on = (checkpoint.get("datamodule_hyper_parameters") or {}).get("name")
     if trained_on and dataset and trained_on != dataset:
         raise UserError(
             f"{ckpt_path} was trained on '{trained_on}', the config selects "
             f"'{dataset}'. Add data={trained_on}."
         )
-    trained_classes = checkpoint.get("hyper_parameters", {}).get("class_names")
+    trained_classes = (checkpoint.get("hyper_parameters") or {}).get("class_names")
     if trained_classes and class_names and list(trained_classes) != list(class_names):
         shown = ", ".join(trained_classes[:6]) + (", ..." if len(trained_classes) > 6 else "")
         raise UserError(

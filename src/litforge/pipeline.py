@@ -218,7 +218,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     datamodule = build_datamodule(cfg)
     model = build_model(cfg, datamodule)
     if fitting and rank_zero_only.rank == 0:
-        warn_unless_loadable(model)
+        warn_unless_loadable(model, datamodule)
     trainer = build_trainer(cfg)
     if ckpt_path:
         ckpt_path, checkpoint = resume.checked_checkpoint(
@@ -232,9 +232,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
         if ckpt_path and not any(k.startswith("val/") for k in trainer.callback_metrics):
             log.warning(
                 f"{ckpt_path} already reached trainer.max_epochs={trainer.max_epochs}: nothing "
-                f"left to train, validating it instead. (More epochs: in its run folder, "
-                f"hydra.run.dir=<run> trainer.max_epochs=<more> ckpt_path=last; its learning-rate "
-                f"schedule goes on as saved.)"
+                f"left to train, validating it instead. (More epochs, in its run folder: "
+                f"hydra.run.dir=<run> trainer.max_epochs=<more> ckpt_path=last; the saved "
+                f"learning-rate schedule goes on, which a longer cosine would not be.)"
             )
             trainer.validate(model, datamodule=datamodule)
         metrics.update(_float_metrics(trainer))
@@ -253,13 +253,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
     return finish(cfg, trainer, metrics)
 
 
-def warn_unless_loadable(model: L.LightningModule) -> None:
+def warn_unless_loadable(model: L.LightningModule, datamodule: L.LightningDataModule) -> None:
     """Your config builds anything; a checkpoint only what `litforge.models` registers: said at
     the start of a run whose checkpoints would not load."""
     from litforge.models import MODULES
 
     try:
-        checkpoints.check_registered({"hyper_parameters": dict(model.hparams)}, "This run")
+        saved = {"hyper_parameters": dict(model.hparams)}
+        saved["datamodule_hyper_parameters"] = dict(datamodule.hparams)
+        checkpoints.check_registered(saved, "This run")
     except UserError as err:
         log.warning(f"{err} Until then its checkpoints load neither in eval.py nor to resume.")
     if type(model) not in MODULES:
@@ -288,7 +290,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
 def data_from_checkpoint(cfg: DictConfig, checkpoint: dict[str, Any]) -> None:
     """Fill in unset data settings the checkpoint knows; one set to another value: UserError."""
-    hp = checkpoint.get("hyper_parameters", {})
+    hp = checkpoint.get("hyper_parameters") or {}
     if not hp.get("input_shape"):
         return
     channels, height, width = hp["input_shape"]
@@ -297,7 +299,7 @@ def data_from_checkpoint(cfg: DictConfig, checkpoint: dict[str, Any]) -> None:
         "channels": channels,
         "mean": hp.get("mean"),
         "std": hp.get("std"),
-        "interpolation": checkpoint.get("datamodule_hyper_parameters", {}).get("interpolation"),
+        "interpolation": (checkpoint.get("datamodule_hyper_parameters") or {}).get("interpolation"),
     }
     for key, trained in known.items():
         if trained is None or key not in cfg.data:

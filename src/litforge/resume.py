@@ -5,7 +5,7 @@ the cluster's job id under a restarting launcher), if any."""
 
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -164,11 +164,21 @@ NOT_SAVED = ("interval", "frequency", "monitor")
 def settings_that_resuming_ignores(checkpoint: dict[str, Any], hparams: Any) -> list[str]:
     """`model.optimizer.*` and `model.scheduler.*` settings that differ from the checkpoint's:
     Lightning restores the optimizer's and scheduler's states, which hold them (a cosine
-    schedule's `T_max`: a run resumed with more epochs would train on at the old end's rate)."""
+    schedule's `T_max`: resumed with more epochs, the saved cosine goes on, from 0 back up). A
+    UserError for another optimizer or scheduler class, or one added or left out: the saved
+    states fit only the classes that wrote them."""
     saved = checkpoint.get("hyper_parameters") or {}
     ignored = []
     for key in ("optimizer", "scheduler"):
         old, new = saved.get(key) or {}, hparams.get(key) or {}
+        if not (isinstance(old, Mapping) and isinstance(new, Mapping)):
+            continue  # (a module of a fork's own, with other settings)
+        if old.get("_target_") != new.get("_target_"):
+            raise UserError(
+                f"model.{key}._target_={new.get('_target_')}, but the checkpoint was trained with "
+                f"{old.get('_target_')}: a resumed run goes on with the saved {key} state, which "
+                f"fits only that. Resume with the {key} it was trained with, or start a new run."
+            )
         for name in sorted(set(old) | set(new)):
             if name not in NOT_SAVED and old.get(name) != new.get(name):
                 ignored.append(f"model.{key}.{name}={new.get(name)} (saved: {old.get(name)})")

@@ -111,6 +111,7 @@ class ClassificationModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The class that wrote it (a fork's subclass): loaders pick it among MODULES by this name.
+        # (A subclass that overrides this hook calls super().)
         checkpoint["module_class"] = checkpoints.class_path(type(self))
 
     def configure_model(self) -> None:

@@ -14,9 +14,9 @@ from litforge.hooks import LogsRunFiles
 
 class MLFlowLogger(LogsRunFiles, _LightningMLFlowLogger):
     """Lightning's, named after the run folder (or `run_name`), which also sends the run's files
-    at its end (`log_run_files`: metrics.json, the plots, the best checkpoint if asked for). A
-    local SQLite store keeps its artifacts beside it. A resumed run (`resume_from`) goes on in
-    its MLflow run, whose id the run folder keeps (`mlflow_run_id`)."""
+    at its end (`log_run_files`: metrics.json, any pictures in plots/, the best checkpoint if
+    asked for). A local SQLite store keeps its artifacts beside it. A resumed run (`resume_from`)
+    goes on in its MLflow run, whose id the run folder keeps (`mlflow_run_id`)."""
 
     def __init__(
         self,

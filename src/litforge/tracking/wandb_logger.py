@@ -26,7 +26,7 @@ def wandb_has_credentials() -> bool:
 class WandbLogger(LogsRunFiles, _LightningWandbLogger):
     """Never waits for a login: offline without credentials (or `WANDB_MODE=offline`), naming the
     `wandb sync` command. A resumed run (`resume_from`) goes on in its folder's newest wandb run.
-    The run's pictures (`plots/*.png`) are sent as images at its end."""
+    The run's pictures, if it drew any (`plots/*.png`), are sent as images at its end."""
 
     def __init__(
         self, offline: bool | None = None, resume_from: str | None = None, **kwargs: Any
