@@ -226,7 +226,7 @@ def test_simulated_slurm_job_runs_both_tasks_into_the_job_folder(tmp_path, idx_d
         for i in (0, 1)
     ]
     outputs = [task.communicate(timeout=300)[0] for task in tasks]
-    assert [task.returncode for task in tasks] == [0, 0], outputs[0][-3000:]
+    assert [task.returncode for task in tasks] == [0, 0], "\n---\n".join(o[-2500:] for o in outputs)
     runs = [r.name for r in (tmp_path / "logs" / "train" / "runs").iterdir()]
     assert runs == [f"slurm-{job_id}"]
 
