@@ -920,6 +920,7 @@ CRAFTED = {  # (hyper-parameter, value): what a crafted checkpoint asks to build
 REFUSED = (
     r"is not allowed|has a _target_ of its own|interpolation|has _args_|names no weights"
     r"|is no \(channels, height, width\)|is no list of numbers|settings no registered module"
+    r"|object, not a config"
 )
 
 

@@ -65,10 +65,9 @@ def test_no_lightning_adverts(console_run):
 
 
 @pytest.mark.slow  # (console_run: a subprocess)
-def test_model_summary_without_flops_it_did_not_count(console_run):
+def test_the_model_summary_is_printed(console_run):
     output, _ = console_run
-    assert "Trainable params" in output, "the model summary itself stays"
-    assert "FLOPs" not in output
+    assert "Trainable params" in output
 
 
 @pytest.mark.slow  # (console_run: a subprocess)

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -270,9 +271,15 @@ def test_a_folder_of_shards_is_left_to_the_strategy_and_refused_by_file_readers(
 
     folder = tmp_path / "run" / "checkpoints" / "last.ckpt"
     folder.mkdir(parents=True)
-    for name in (".metadata", "meta.pt"):
-        (folder / name).write_bytes(b"")
-    kept = checked_checkpoint(str(folder), str(tmp_path / "run"), None, None, True)
+    (folder / ".metadata").write_bytes(b"")
+    adamw = {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 0.001}
+    torch.save({"hyper_parameters": {"optimizer": adamw}}, folder / "meta.pt")  # as Lightning
+    model = SimpleNamespace(hparams={"optimizer": adamw})
+    kept = checked_checkpoint(str(folder), str(tmp_path / "run"), model, None, True)
     assert kept == (str(folder), None)  # the strategy reads it
+    # Its settings are checked as a file's: the saved optimizer state fits only AdamW.
+    model.hparams = {"optimizer": {**adamw, "_target_": "torch.optim.SGD"}}
+    with pytest.raises(UserError, match="model.optimizer._target_=torch.optim.SGD, but the"):
+        checked_checkpoint(str(folder), str(tmp_path / "run"), model, None, True)
     with pytest.raises(UserError, match="is a folder of shards: training resumes from it with"):
         AtomicCheckpointIO().load_checkpoint(folder)

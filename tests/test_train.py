@@ -1,5 +1,6 @@
 """`python train.py`: fit, test the best checkpoint, write the run dir (in-process and as a CLI)."""
 
+import functools
 import gc
 import json
 
@@ -197,6 +198,21 @@ def test_a_checkpoint_loads_as_the_registered_class_that_wrote_it(tmp_path, monk
     other = load_module(checkpoint, str(path), "litforge.models.ClassificationModule")
     assert type(other) is models.ClassificationModule
     assert "loading it as litforge.models.classifier.ClassificationModule." in caplog.text
+
+
+def test_a_module_saving_objects_as_settings_is_told_why_its_checkpoints_will_not_load(caplog):
+    """A module ported from lightning-hydra-template saves its built network and optimizer as
+    hyper-parameters: the run says, at its start, that checkpoints hold configs, not objects."""
+    from types import SimpleNamespace
+
+    from litforge.pipeline import warn_unless_loadable
+
+    settings = {"net": torch.nn.Linear(4, 2), "optimizer": functools.partial(torch.optim.SGD)}
+    warn_unless_loadable(SimpleNamespace(hparams=settings), SimpleNamespace(hparams={}))
+    assert (
+        "This run: model.net is a Linear object, not a config: a checkpoint holds settings, so "
+        "the module takes net as a config (_target_ and values) and builds it" in caplog.text
+    )
 
 
 def test_an_optimizer_from_outside_torch_optim_trains(tmp_path, idx_data_dir, caplog):

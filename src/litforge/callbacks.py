@@ -2,17 +2,13 @@
 
 import logging
 from collections.abc import Callable, Mapping
-from types import SimpleNamespace
 from typing import Any
-from unittest import mock
 
 import lightning as L
 import lightning.pytorch.callbacks
-import rich
 import torch
 from omegaconf import OmegaConf
 from rich.progress import ProgressColumn, Task
-from rich.table import Table
 from rich.text import Text
 
 from litforge.errors import UserError
@@ -53,28 +49,6 @@ class RichProgressBar(lightning.pytorch.callbacks.RichProgressBar):
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, *args) -> None:
         if self._due(batch_idx, lambda: self.total_test_batches_current_dataloader):
             super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, *args)
-
-
-class RichModelSummary(lightning.pytorch.callbacks.RichModelSummary):
-    """Without the FLOPs column and `Total FLOPs: 0` where none were counted: Lightning counts
-    them only on an `example_input_array`, which the pipeline sets only for a logger's graph."""
-
-    @staticmethod
-    def summarize(*args: Any, total_flops: int, **kwargs: Any) -> None:
-        lightnings = lightning.pytorch.callbacks.RichModelSummary.summarize
-        if total_flops:
-            lightnings(*args, total_flops=total_flops, **kwargs)
-            return
-        console = rich.get_console()
-
-        def show(table: Table) -> None:  # what Lightning prints: its table, then its totals
-            table.columns = [c for c in table.columns if c.header != "FLOPs"]
-            if not table.show_header:  # the totals but the last, `Total FLOPs: 0`
-                table = "\n".join(line.rstrip() for line in list(table.columns[0].cells)[:-1])
-            console.print(table, highlight=False)
-
-        with mock.patch("rich.get_console", return_value=SimpleNamespace(print=show)):
-            lightnings(*args, total_flops=0, **kwargs)
 
 
 class LogRunConfig(L.Callback):
@@ -123,19 +97,19 @@ class LearningRateMonitor(lightning.pytorch.callbacks.LearningRateMonitor):
 class StopOnNonFiniteLoss(L.Callback):
     """Stop once a training loss was NaN or infinite, saying at which step, before any later
     checkpoint is written. Checked when Lightning logs (every `log_every_n_steps`), at an epoch's
-    end and before each checkpoint: each step only marks, on its device, the first bad
-    step (a check every step would wait for the GPU)."""
+    end and before each checkpoint: each step only keeps its loss (on its device), as a check
+    every step would wait for the GPU."""
 
     def __init__(self) -> None:
-        self.first_bad: torch.Tensor | None = None  # the step, or -1 while every loss was finite
+        self.losses: list[torch.Tensor] = []  # since the last check
+        self.steps: list[int] = []  # their steps
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.first_bad = torch.tensor(-1, device=pl_module.device)
+        self.losses, self.steps = [], []
 
     def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
-        if self.first_bad is not None:
-            bad = ~torch.isfinite(loss.detach()) & (self.first_bad < 0)
-            self.first_bad = torch.where(bad, trainer.global_step, self.first_bad)
+        self.losses.append(loss.detach())
+        self.steps.append(trainer.global_step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if (trainer.global_step + 1) % trainer.log_every_n_steps == 0:
@@ -151,11 +125,12 @@ class StopOnNonFiniteLoss(L.Callback):
         """This process's own losses only: no collective, as processes may step apart (workers
         that train asynchronously); under DDP a NaN reaches every process's weights through the
         gradients, so the others stop at the same check or the next."""
-        if self.first_bad is None or trainer.state.fn != "fit":
+        if not self.losses or trainer.state.fn != "fit":
             return
-        step = int(self.first_bad)
-        if step >= 0:
-            self.first_bad = None
+        finite = torch.isfinite(torch.stack(self.losses))
+        steps, self.losses, self.steps = self.steps, [], []
+        if not finite.all():  # (one wait for the device per check)
+            step = steps[int(finite.logical_not().nonzero()[0])]
             kept = trainer.checkpoint_callback
             checkpoints = kept.dirpath if kept is not None else "(none: no checkpoint callback)"
             raise UserError(

@@ -284,7 +284,13 @@ def check_buildable(config: Any, key: str, allowed: Sequence[str], partial: bool
     (a network config holding a backbone's)."""
     if config is None:
         return None
-    target = config.get("_target_") if isinstance(config, Mapping) else None
+    if not isinstance(config, Mapping):
+        raise UserError(
+            f"{key} is a {type(config).__name__} object, not a config: a checkpoint holds "
+            f"settings, so the module takes {key.split('.')[-1]} as a config (_target_ and "
+            f"values) and builds it (as litforge.models.ClassificationModule does)."
+        )
+    target = config.get("_target_")
     name = registered_name(target, allowed)
     if name is None:
         listed = {"model.net": "NETWORKS", "model.scheduler": "SCHEDULERS"}.get(key, "OPTIMIZERS")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import OmegaConf
@@ -143,18 +144,25 @@ def checked_checkpoint(
     `checkpoints.AtomicCheckpointIO`)."""
     if ckpt_path == "last":
         ckpt_path = str(last_checkpoint(Path(output_dir)))
-    if fitting and checkpoints.is_whole(Path(ckpt_path)):
+    if fitting and checkpoints.is_whole(Path(ckpt_path)):  # its settings: in meta.pt
+        meta = torch.load(Path(ckpt_path, "meta.pt"), map_location="cpu", weights_only=True)
+        warn_of_ignored_settings(meta, model, ckpt_path)
         return ckpt_path, None
     checkpoint = checkpoints.read_checkpoint(ckpt_path)
     checkpoints.check_same_dataset(checkpoint, dataset, ckpt_path, model.hparams.get("class_names"))
     checkpoints.check_same_shapes(checkpoint["state_dict"], model.state_dict(), ckpt_path)
-    if fitting and (ignored := settings_that_resuming_ignores(checkpoint, model.hparams)):
+    if fitting:
+        warn_of_ignored_settings(checkpoint, model, ckpt_path)
+    return ckpt_path, checkpoint
+
+
+def warn_of_ignored_settings(checkpoint: dict[str, Any], model: L.LightningModule, ckpt_path: str):
+    if ignored := settings_that_resuming_ignores(checkpoint, model.hparams):
         warning_on_rank_zero(
             f"Resuming {ckpt_path}: the optimizer and scheduler go on from their saved states, "
             f"so {', '.join(ignored)} has no effect. To train with these settings, start a new "
             f"run (without ckpt_path)."
         )
-    return ckpt_path, checkpoint
 
 
 # Lightning's scheduler settings, read from the config anew on a resume: not in the saved state.
