@@ -39,7 +39,6 @@ class ReportsLostProcesses:
 
     lost_line: str | None = None  # set by on_exception when a process of the job was lost
     _stopping = False  # a death was said, or this process kills the others (Ctrl+C)
-    already_lost: frozenset[int] = frozenset()  # ranks the job went on without and knows of
     watches_started_processes = True
     _watched: frozenset[int] = frozenset()  # the pids watched
 
@@ -82,12 +81,7 @@ class ReportsLostProcesses:
     def lost_process(self, exception: BaseException) -> str | None:
         if self.lost_line:
             return self.lost_line
-        children = getattr(self.launcher, "procs", None) or []  # started by this process
-        dead = [
-            (rank, process, code)
-            for rank, process in enumerate(children, start=self.node_rank * self.num_processes + 1)
-            if (code := process.poll()) and rank not in self.already_lost
-        ]
+        dead = self.ended_processes()
         # Killed from outside first: an exit 1 or NCCL's abort (SIGABRT) may be a reaction to it.
         dead.sort(key=lambda entry: entry[2] > 0 or entry[2] == -signal.SIGABRT)
         if dead:
@@ -103,6 +97,13 @@ class ReportsLostProcesses:
                 f"({_what_failed(exception)}); one of them stopped or died: {how_to_resume()}."
             )
         return None
+
+    def ended_processes(self) -> list[tuple[int, subprocess.Popen, int]]:
+        """(rank, process, exit status) of each process this one started that has ended with
+        an error: those a lost-process line may name."""
+        children = getattr(self.launcher, "procs", None) or []  # started by this process
+        first = self.node_rank * self.num_processes + 1
+        return [(r, p, code) for r, p in enumerate(children, start=first) if (code := p.poll())]
 
     def process_name(self, rank: int) -> str:
         return f"rank {rank}"

@@ -629,9 +629,10 @@ class ParameterServerStrategy(
     def distributed_sampler_kwargs(self) -> dict[str, int]:
         return {"num_replicas": len(self.live_workers), "rank": self.global_rank}
 
-    @property
-    def already_lost(self) -> frozenset[int]:
-        return frozenset(range(self.num_workers)) - set(self.live_workers)
+    def ended_processes(self) -> list[tuple[int, Any, int]]:
+        """But the workers the job went on without: their loss was said when it happened."""
+        gone = set(range(self.num_workers)) - set(self.live_workers)
+        return [entry for entry in super().ended_processes() if entry[0] not in gone]
 
     def process_name(self, rank: int) -> str:
         if rank >= self.num_workers:
