@@ -1,6 +1,9 @@
 """litforge.callbacks: the NaN stop (in-process fits of a small MLP on random tensors); the progress
 bar: tests/test_console.py."""
 
+import logging
+from types import SimpleNamespace
+
 import lightning as L
 import pytest
 import torch
@@ -58,3 +61,39 @@ def test_no_checkpoint_is_written_after_a_nan_loss(tmp_path):
     assert kept.name == "epoch=1-step=10.ckpt"
     weights = torch.load(kept, weights_only=True)["state_dict"]
     assert all(torch.isfinite(w).all() for k, w in weights.items() if k.startswith("net."))
+
+
+class Recorded:
+    def __init__(self) -> None:
+        self.logged = []
+
+    def log_hyperparams(self, params) -> None:
+        self.logged.append(params)
+
+
+@pytest.mark.parametrize(
+    ("config", "datamodule", "expected"),
+    [
+        ({"data": {"batch_size": 32}}, None, {"per_device": 32, "global": 128}),
+        ({"data": {"_target_": "mine.Photos"}}, L.LightningDataModule(), None),  # unknown
+        ({}, SimpleNamespace(batch_size=16, hparams={}), {"per_device": 16, "global": 64}),
+    ],
+)
+def test_the_run_config_has_the_batch_size_of_the_config_or_the_datamodule(
+    config, datamodule, expected, caplog
+):
+    """A datamodule of one's own without `data.batch_size` gives its own, or none is said."""
+    from litforge.callbacks import LogRunConfig
+
+    caplog.set_level(logging.INFO)
+    logger = Recorded()
+    trainer = SimpleNamespace(
+        datamodule=datamodule,
+        distributed_sampler_kwargs={"num_replicas": 2},
+        accumulate_grad_batches=2,
+        is_global_zero=True,
+        loggers=[logger],
+    )
+    LogRunConfig(config).setup(trainer, None, "fit")
+    assert logger.logged[0].get("batch_size") == expected
+    assert ("Batch size:" in caplog.text) == (expected is not None)

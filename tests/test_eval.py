@@ -94,6 +94,25 @@ def test_a_run_without_callbacks_evaluates_without_model(tmp_path, idx_data_dir)
     assert "test/acc" in evaluate(compose_config("eval", tmp_path / "e", data))
 
 
+def test_callbacks_none_tests_the_final_weights_and_eval_finds_lightnings_checkpoint(
+    tmp_path, idx_data_dir, caplog
+):
+    """With callbacks=none Lightning's own checkpoint callback saves under the logger's folder:
+    the run says it tests the final weights, and eval.py given the run folder names the file."""
+    overrides = ["data=mnist", "data.val_size=100", f"paths.data_dir={idx_data_dir}"]
+    run = tmp_path / "run"
+    overrides += ["trainer.max_epochs=1", "callbacks=none", f"paths.output_dir={run}"]
+    assert "test/acc" in train(compose_config("train", run, overrides))
+    assert "Testing the final weights: no checkpoint monitors a metric." in caplog.text
+    [saved] = run.glob("*/checkpoints/*.ckpt")  # (csv/checkpoints/epoch=0-step=N.ckpt)
+    data = ["data=mnist", f"paths.data_dir={idx_data_dir}", "logger=none"]
+    with pytest.raises(UserError, match=f"give one, e.g. ckpt_path='{saved}' \\(the best\\)"):
+        evaluate(compose_config("eval", tmp_path / "e", [*data, f"ckpt_path={run}"]))
+    assert "test/acc" in evaluate(
+        compose_config("eval", tmp_path / "e", [*data, f"ckpt_path='{saved}'"])
+    )
+
+
 def test_load_from_checkpoint_rebuilds_the_trained_module(one_epoch_run):
     """docs/evaluation.md's recipe for one's own code: Lightning's loading, weights only."""
     from litforge.models import ClassificationModule

@@ -252,9 +252,12 @@ def test_the_summary_says_what_was_done(core):
 
 @pytest.mark.parametrize("name", sorted(FEATURES))
 def test_each_feature_kept_alone(tmp_path, name):
-    """Its files whole, the others gone, and no broken link: its passages are marked right."""
+    """Its files whole, the others gone, no broken link, and no word of another feature in it:
+    its passages are marked right."""
     result = lean(tmp_path / "copy", "--keep", name)
     assert_only_kept(tmp_path / "copy", {name}, result)
+    found = feature_words(tmp_path / "copy", set(FEATURES) - {name})
+    assert not found, "words of features the copy left out:\n" + "\n".join(found)
 
 
 def test_keep_model_parallel_keeps_exactly_it(tmp_path):

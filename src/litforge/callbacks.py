@@ -59,16 +59,21 @@ class LogRunConfig(L.Callback):
         self.config = OmegaConf.to_container(OmegaConf.create(dict(run_config)), resolve=True)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        per_device = self.config.get("data", {}).get("batch_size", 0)
-        # processes that see different data (ranks that split one model share theirs)
-        replicas = (trainer.distributed_sampler_kwargs or {}).get("num_replicas", 1)
-        total = per_device * replicas * trainer.accumulate_grad_batches
-        if trainer.is_global_zero and stage == "fit":
-            log.info(
-                f"Batch size: {per_device} per process x {replicas} data-parallel process(es) "
-                f"x {trainer.accumulate_grad_batches} accumulated = {total}"
-            )
-        config = {**self.config, "batch_size": {"per_device": per_device, "global": total}}
+        config, datamodule = self.config, trainer.datamodule
+        # data.batch_size, or a datamodule's own (an attribute or a hyper-parameter)
+        per_device = config.get("data", {}).get("batch_size")
+        if per_device is None and datamodule is not None:
+            per_device = getattr(datamodule, "batch_size", datamodule.hparams.get("batch_size"))
+        if isinstance(per_device, int):
+            # processes that see different data (ranks that split one model share theirs)
+            replicas = (trainer.distributed_sampler_kwargs or {}).get("num_replicas", 1)
+            total = per_device * replicas * trainer.accumulate_grad_batches
+            if trainer.is_global_zero and stage == "fit":
+                log.info(
+                    f"Batch size: {per_device} per process x {replicas} data-parallel "
+                    f"process(es) x {trainer.accumulate_grad_batches} accumulated = {total}"
+                )
+            config = {**config, "batch_size": {"per_device": per_device, "global": total}}
         for logger in trainer.loggers:
             logger.log_hyperparams(config)
 

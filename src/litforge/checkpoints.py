@@ -169,9 +169,13 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """The checkpoint in `path` (a file, or a folder of shards), or a UserError saying why not."""
     path = Path(path).expanduser()
     if not path.exists():
-        raise UserError(f"ckpt_path={path}: no such file.")
+        near = sorted(p.name for p in path.parent.glob("*.ckpt")) if path.parent.is_dir() else []
+        there = f" {path.parent} holds: {', '.join(near[:4])}." if near else ""
+        raise UserError(f"ckpt_path={path}: no such file.{there}")
     if path.is_dir() and not is_whole(path):  # a folder of shards cut off, or of checkpoints
-        folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+        # A run folder's, or Lightning's default checkpoint's under a logger's (callbacks=none).
+        folders = [path / "checkpoints", *sorted(path.glob("*/checkpoints"))]
+        folder = next((f for f in folders if f.is_dir()), path)
         found = sorted(p.name for p in folder.glob("*.ckpt"))
         if not found:
             raise UserError(
@@ -180,7 +184,9 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
             )
         best = [name for name in found if name != "last.ckpt"]
         choices = [f"{folder / 'last.ckpt'} (the latest)"] if "last.ckpt" in found else []
-        choices += [f"{folder / best[-1]} (the best)"] if best else []
+        if best:  # (quoted: Hydra reads `=` in a value as another override)
+            name = str(folder / best[-1])
+            choices.append(f"{repr(name) if '=' in name else name} (the best)")
         given = " or ".join(choices)
         raise UserError(
             f"ckpt_path={path} is a folder of checkpoints: give one, e.g. ckpt_path={given}"

@@ -12,9 +12,9 @@ as Hydra's own launchers do; the job's process runs them too, as a single run's.
 conf/hydra/default.yaml (`hydra/launcher: subprocess`).
 
 A job is told that it is one (it runs as a single run) by one more override before the sweep's:
-`++sweep_name=<the sweep folder's name>`, in its `.hydra/overrides.yaml`. Its W&B run joins the
-group of that name (conf/logger/wandb.yaml), and a failed job keeps its folder for the sweep
-summary (`litforge.errors`). A `sweep_name=...` of the user's, after it, wins.
+`++sweep_name=<the sweep folder's name>`, in its `.hydra/overrides.yaml`. A logger's config may
+group a sweep's jobs by it (`${oc.select:sweep_name,null}`), and a failed job keeps its folder
+for the sweep summary (`litforge.errors`). A `sweep_name=...` of the user's, after it, wins.
 """
 
 import json

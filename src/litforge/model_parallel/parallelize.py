@@ -111,12 +111,12 @@ def parallelize_cnn(net: CNN, mesh: DeviceMesh, compile: bool, stages: list[nn.M
             fully_shard(stage, mesh=dp)
 
 
-# --- a network with a backbone and no plan of its own (model=timm) --------------------------
+# --- a network with a backbone and no plan of its own (a pretrained one) ----------------------
 
 
 def backbone_units(backbone: nn.Module) -> list[nn.Module]:
-    """What FSDP2 gathers at a time: each block of the backbone's sequences of blocks (timm's
-    `layer1`..`layer4`, `blocks`, `stages`); its stem and norms go with the whole network."""
+    """What FSDP2 gathers at a time: each block of the backbone's sequences of blocks (ResNets'
+    `layer1`..`layer4`, ViTs' `blocks`, ConvNeXts' `stages`); its stem and norms go with the whole network."""
     return [
         block
         for child in backbone.children()

@@ -285,8 +285,8 @@ def check_pipeline(cfg: DictConfig) -> None:
     if not strategy.save_distributed_checkpoint:
         raise UserError(
             "strategy.save_distributed_checkpoint=false is not supported with "
-            "strategy.pipeline_parallel_size>1: each stage saves its own shards (eval.py, "
-            "predict.py and export.py read the folder on one device)."
+            "strategy.pipeline_parallel_size>1: each stage saves its own shards (which eval.py "
+            "reads on one device)."
         )
 
 

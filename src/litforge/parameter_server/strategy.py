@@ -19,7 +19,7 @@ shutdown waits on every worker, so one dead worker hangs it, and each call pickl
 arguments; gloo's send and recv move a tensor as it is and fail at once when the peer dies.)
 
 A checkpoint holds the servers' parameters and optimizer state in the single-device format, so
-`eval.py`, `predict.py` and `export.py` read it as any other, and `ckpt_path=last` resumes.
+every reader of checkpoints reads it as any other, and `ckpt_path=last` resumes.
 """
 
 from __future__ import annotations
@@ -829,7 +829,7 @@ def check_parameter_server(cfg: DictConfig) -> None:
         # workers would look for the dead workers' addresses there (pytorch #135712).
         raise UserError(
             "strategy=parameter_server does not survive torchrun --max-restarts: use "
-            "strategy=ddp or strategy=model_parallel, or start torchrun with "
+            "strategy=ddp, or start torchrun with "
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1."
         )
     for key, minimum in (("num_servers", 1), ("max_staleness", 0), ("push_every", 1)):
