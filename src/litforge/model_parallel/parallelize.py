@@ -116,7 +116,8 @@ def parallelize_cnn(net: CNN, mesh: DeviceMesh, compile: bool, stages: list[nn.M
 
 def backbone_units(backbone: nn.Module) -> list[nn.Module]:
     """What FSDP2 gathers at a time: each block of the backbone's sequences of blocks (ResNets'
-    `layer1`..`layer4`, ViTs' `blocks`, ConvNeXts' `stages`); its stem and norms go with the whole network."""
+    `layer1`..`layer4`, ViTs' `blocks`, ConvNeXts' `stages`); its stem and norms go with the
+    whole network."""
     return [
         block
         for child in backbone.children()
