@@ -129,7 +129,12 @@ def test_hydra_full_error_still_shows_the_traceback(tmp_path):
         ("seed=abc", "seed='abc' is not a number: expected an integer at least 0. Set seed=..."),
         ("trainer.max_epochs=0", "trainer.max_epochs=0 trains nothing: set 1 or more (-1: no"),
         ("data.val_size=-5", "data.val_size=-5 is out of range"),
-        ("data.val_size=60000", "val_size=60000 must be below the 60000 training images"),
+        ("data.val_size=60000", "data.val_size=60000 must be below the 60000 training images"),
+        (
+            "+model.optimizer.lrr=0.1",
+            "model.optimizer.lrr: torch.optim.AdamW takes no such argument",
+        ),
+        ("+model.scheduler.eta_mn=0", "model.scheduler.eta_mn: torch.optim.lr_scheduler.Cosine"),
         ("trainer.max_epochs=ten", "trainer.max_epochs='ten' is not a number"),
         ("optimized_metric_mode=maximum", "optimized_metric_mode=maximum is neither max nor min"),
     ],
@@ -338,6 +343,6 @@ def test_a_single_number_as_crop_scale_is_one_line(tmp_path):
     result = run_in_process("train.py", *args, f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
-        "error: crop_scale=0.5 is no [low, high] range within (0, 1]: give two fractions "
-        "of the image, e.g. crop_scale=[0.35,1]."
+        "error: data.crop_scale=0.5 is no [low, high] range within (0, 1]: give two "
+        "fractions of the image, e.g. data.crop_scale=[0.35,1]."
     )

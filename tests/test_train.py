@@ -215,6 +215,28 @@ def test_a_module_saving_objects_as_settings_is_told_why_its_checkpoints_will_no
     )
 
 
+def test_the_run_start_names_every_setting_to_register_at_once(caplog):
+    """A nested network config and an optimizer of a fork's own: both said in one warning."""
+    from types import SimpleNamespace
+
+    from litforge.pipeline import warn_unless_loadable
+
+    net = {"_target_": "litforge.models.mlp.MLP", "block": {"_target_": "mypkg.Block"}}
+    optimizer = {"_target_": "mypkg.Lion", "_partial_": True, "lr": 0.1}
+    model = SimpleNamespace(hparams={"net": net, "optimizer": optimizer})
+    warn_unless_loadable(model, SimpleNamespace(hparams={}))
+    [warning] = [r.message for r in caplog.records if "Until then" in r.message]
+    assert warning.splitlines() == [
+        "This run: model.net.block has a _target_ of its own (mypkg.Block), which "
+        "litforge.models.NETWORKS does not list (src/litforge/models/__init__.py); if it is "
+        "yours, add it there.",
+        "This run: model.optimizer._target_=mypkg.Lion is not allowed: a checkpoint builds only "
+        "what litforge.models.OPTIMIZERS lists (src/litforge/models/__init__.py); if it is "
+        "yours, add it there.",
+        "Until then its checkpoints load neither in eval.py nor to resume.",
+    ]
+
+
 def test_an_optimizer_from_outside_torch_optim_trains(tmp_path, idx_data_dir, caplog):
     """The user's config is trusted: any optimizer class trains (here a fork's own). Its
     checkpoints load once it is registered, which the run says at its start."""

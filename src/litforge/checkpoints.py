@@ -298,8 +298,8 @@ def check_buildable(config: Any, key: str, allowed: Sequence[str], partial: bool
         )
     target = config.get("_target_")
     name = registered_name(target, allowed)
+    listed = {"model.scheduler": "SCHEDULERS", "model.optimizer": "OPTIMIZERS"}.get(key, "NETWORKS")
     if name is None:
-        listed = {"model.net": "NETWORKS", "model.scheduler": "SCHEDULERS"}.get(key, "OPTIMIZERS")
         raise UserError(
             f"{key}._target_={target} is not allowed: a checkpoint builds only what "
             f"litforge.models.{listed} lists (src/litforge/models/__init__.py); if it is yours, "
@@ -318,12 +318,16 @@ def check_buildable(config: Any, key: str, allowed: Sequence[str], partial: bool
 
     def refuse(value: Any, where: str) -> None:
         if isinstance(value, Mapping):
-            if "_target_" in value and (
-                partial or registered_name(value["_target_"], allowed) is None
-            ):
+            if "_target_" in value and partial:
+                raise UserError(
+                    f"{where} has a _target_ of its own ({value['_target_']}): a checkpoint's "
+                    f"{key} is built from plain values only."
+                )
+            if "_target_" in value and registered_name(value["_target_"], allowed) is None:
                 raise UserError(
                     f"{where} has a _target_ of its own ({value['_target_']}), which "
-                    f"litforge.models does not list."
+                    f"litforge.models.{listed} does not list (src/litforge/models/__init__.py); "
+                    f"if it is yours, add it there."
                 )
             if "_target_" in value:
                 check_buildable(value, where, allowed)

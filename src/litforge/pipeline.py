@@ -260,12 +260,20 @@ def warn_unless_loadable(model: L.LightningModule, datamodule: L.LightningDataMo
     the start of a run whose checkpoints would not load."""
     from litforge.models import MODULES
 
-    try:
-        saved = {"hyper_parameters": dict(model.hparams)}
-        saved["datamodule_hyper_parameters"] = dict(datamodule.hparams)
-        checkpoints.check_registered(saved, "This run")
-    except UserError as err:
-        log.warning(f"{err} Until then its checkpoints load neither in eval.py nor to resume.")
+    settings, built = dict(model.hparams), ("net", "optimizer", "scheduler")
+    # Each built setting on its own: all that need registering are said at once.
+    parts = [{k: v for k, v in settings.items() if k not in built}]
+    parts += [{k: settings[k]} for k in built if k in settings]
+    problems = []
+    for part in parts:
+        saved = {"hyper_parameters": part, "datamodule_hyper_parameters": dict(datamodule.hparams)}
+        try:
+            checkpoints.check_registered(saved, "This run")
+        except UserError as err:
+            problems.append(str(err))
+    if problems:
+        problems.append("Until then its checkpoints load neither in eval.py nor to resume.")
+        log.warning("\n".join(dict.fromkeys(problems)))
     if type(model) not in MODULES:
         log.warning(
             f"This run's module, {checkpoints.class_path(type(model))}, is not in "

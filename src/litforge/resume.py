@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from litforge import checkpoints
 from litforge.errors import UserError
+from litforge.models.classifier import LIGHTNING_SCHEDULER_SETTINGS
 
 log = logging.getLogger(__name__)
 # Once per job: Lightning knows the rank from the launcher's environment before the strategy does.
@@ -160,13 +161,9 @@ def warn_of_ignored_settings(checkpoint: dict[str, Any], model: L.LightningModul
     if ignored := settings_that_resuming_ignores(checkpoint, model.hparams):
         warning_on_rank_zero(
             f"Resuming {ckpt_path}: the optimizer and scheduler go on from their saved states, "
-            f"so {', '.join(ignored)} has no effect. To train with these settings, start a new "
-            f"run (without ckpt_path)."
+            f"so {', '.join(ignored)} {'has' if len(ignored) == 1 else 'have'} no effect. To "
+            f"train with these settings, start a new run (without ckpt_path)."
         )
-
-
-# Lightning's scheduler settings, read from the config anew on a resume: not in the saved state.
-NOT_SAVED = ("interval", "frequency", "monitor")
 
 
 def settings_that_resuming_ignores(checkpoint: dict[str, Any], hparams: Any) -> list[str]:
@@ -188,6 +185,7 @@ def settings_that_resuming_ignores(checkpoint: dict[str, Any], hparams: Any) -> 
                 f"fits only that. Resume with the {key} it was trained with, or start a new run."
             )
         for name in sorted(set(old) | set(new)):
-            if name not in NOT_SAVED and old.get(name) != new.get(name):
+            # Lightning's scheduler settings are read anew: not in the saved state.
+            if name not in LIGHTNING_SCHEDULER_SETTINGS and old.get(name) != new.get(name):
                 ignored.append(f"model.{key}.{name}={new.get(name)} (saved: {old.get(name)})")
     return ignored

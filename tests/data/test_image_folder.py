@@ -299,7 +299,7 @@ def test_bad_settings_name_their_key(tmp_path):
         ({"val_fraction": 0.6, "test_fraction": 0.5}, "leave no training images"),
         ({"channels": 2}, "channels=2"),
         ({"crop_scale": [0.9, 0.2]}, "crop_scale"),
-        ({"mean": [0.5]}, "mean and std go together"),
+        ({"mean": [0.5]}, "data.mean and data.std go together"),
         ({"on_bad_file": "ignore"}, "on_bad_file='ignore'"),
         ({"balance": "oversample"}, "balance='oversample'"),
     ]:

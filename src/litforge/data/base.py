@@ -232,8 +232,8 @@ class InMemoryImageDataModule(DataModule):
         check_number("data.crop_padding", crop_padding, integer=True, minimum=0)
         if val_size >= self.num_train_images:
             raise UserError(
-                f"val_size={val_size} must be below the {self.num_train_images} training images "
-                f"of {self.source.name}."
+                f"data.val_size={val_size} must be below the {self.num_train_images} training "
+                f"images of {self.source.name}."
             )
         # Plain values only: they go into checkpoints, which must load with weights_only=True.
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
@@ -310,7 +310,7 @@ class InMemoryImageDataModule(DataModule):
                 train, val = fold_split(labels, hp.num_folds, hp.fold, hp.split_seed)
             elif n_val >= len(labels):
                 raise UserError(
-                    f"val_size={n_val} leaves no training data: {directory} holds "
+                    f"data.val_size={n_val} leaves no training data: {directory} holds "
                     f"{len(labels)} training images. Use a smaller val_size."
                 )
             else:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -39,6 +40,7 @@ from litforge.data.samplers import EpochSampler, evaluation_sampler
 from litforge.errors import UserError, check_number
 
 log = logging.getLogger(__name__)
+info_on_rank_zero = rank_zero_only(log.info)  # (each process of a job reads the folder)
 
 SPLITS = ("train", "val", "test")
 STATS_FILE = ".litforge-stats.json"
@@ -197,7 +199,7 @@ def check_image_arguments(
         check_number("data.image_size", image_size, integer=True, minimum=1)
     check_number("data.num_workers", num_workers, integer=True, minimum=0)
     if channels not in (None, 1, 3):
-        raise UserError(f"channels={channels!r} is not one of: 1, 3, null (as the images).")
+        raise UserError(f"data.channels={channels!r} is not one of: 1, 3, null (as the images).")
     if crop_scale is not None and not (
         isinstance(crop_scale, Sequence)
         and len(crop_scale) == 2
@@ -206,13 +208,13 @@ def check_image_arguments(
     ):
         shown = list(crop_scale) if isinstance(crop_scale, Sequence) else crop_scale
         raise UserError(
-            f"crop_scale={shown} is no [low, high] range within (0, 1]: give two fractions of "
-            f"the image, e.g. crop_scale=[0.35,1]."
+            f"data.crop_scale={shown} is no [low, high] range within (0, 1]: give two fractions of "
+            f"the image, e.g. data.crop_scale=[0.35,1]."
         )
     if (mean is None) != (std is None):
-        raise UserError("mean and std go together: give both or neither.")
+        raise UserError("data.mean and data.std go together: give both or neither.")
     if balance not in BALANCES:
-        raise UserError(f"balance={balance!r} is not one of: {', '.join(BALANCES)}.")
+        raise UserError(f"data.balance={balance!r} is not one of: {', '.join(BALANCES)}.")
     return None if crop_scale is None else tuple(float(v) for v in crop_scale)
 
 
@@ -237,7 +239,7 @@ class ImageDataModule(DataModule):
             f"{n} {c}" for c, n in zip(self.class_names, self.train_counts, strict=True)
         )
         how = {"none": "", "sampler": " (balanced by sampling)", "loss": " (balanced in the loss)"}
-        log.info(f"Training images per class{how[self.hparams.balance]}: {counts}")
+        info_on_rank_zero(f"Training images per class{how[self.hparams.balance]}: {counts}")
 
     def sample_transform(self, train: bool) -> SampleTransform:
         hp = self.hparams
@@ -303,11 +305,11 @@ class ImageFolderDataModule(ImageDataModule):
         check_number("data.mix_alpha", mix_alpha, above=True)
         if val_fraction + test_fraction >= 1:
             raise UserError(
-                f"val_fraction={val_fraction} and test_fraction={test_fraction} leave no "
-                f"training images: their sum must be below 1."
+                f"data.val_fraction={val_fraction} and data.test_fraction={test_fraction} leave "
+                f"no training images: their sum must be below 1."
             )
         if on_bad_file not in ("error", "skip"):
-            raise UserError(f"on_bad_file={on_bad_file!r} is not one of: error, skip.")
+            raise UserError(f"data.on_bad_file={on_bad_file!r} is not one of: error, skip.")
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         arguments["root"] = str(Path(root).expanduser().resolve())
         self.save_hyperparameters({"name": "image_folder", **arguments})
@@ -339,7 +341,7 @@ class ImageFolderDataModule(ImageDataModule):
         sizes = ", ".join(f"{s} {sum(map(len, self.splits[s].values()))}" for s in SPLITS)
         carved = f" ({' and '.join(missing)} carved from train)" if missing else ""
         carved += f" (val: fold {hp.fold} of {hp.num_folds})" if hp.num_folds else ""
-        log.info(
+        info_on_rank_zero(
             f"Data: image_folder from {root}: {len(self.class_names)} classes, "
             f"{self.channels}×{self.image_size}×{self.image_size}; images: {sizes}{carved}"
         )
@@ -378,7 +380,7 @@ class ImageFolderDataModule(ImageDataModule):
                 log.warning(f"Could not cache image statistics in {cache}: {err}")
         (low, high), size = stored["shorter_sides"], stored["image_size"]
         if hp.image_size is None and (low, high) != (size, size):
-            log.info(
+            info_on_rank_zero(
                 f"The images have sizes from {low} to {high} px (shorter side): resizing them "
                 f"to {size} px ({self.settings['image_size'].format(size)} sets it)."
             )

@@ -28,6 +28,10 @@ def plain(config: Any) -> Any:
     return list(config) if isinstance(config, tuple) else config
 
 
+# Lightning's scheduler settings, which ride along in model.scheduler beside its arguments.
+LIGHTNING_SCHEDULER_SETTINGS = ("interval", "frequency", "monitor")
+
+
 class ClassificationModule(L.LightningModule):
     """`net`, `optimizer` and `scheduler` are Hydra configs (the latter two `_partial_: true`), kept
     as plain dicts: `load_from_checkpoint(path, weights_only=True)` rebuilds the module without
@@ -214,8 +218,7 @@ class ClassificationModule(L.LightningModule):
         if not self.hparams.scheduler:
             return {"optimizer": optimizer}
         config = dict(self.hparams.scheduler)
-        # Lightning's settings ride along in the config; the rest builds the scheduler.
-        settings = {k: config.pop(k) for k in ("interval", "frequency", "monitor") if k in config}
+        settings = {k: config.pop(k) for k in LIGHTNING_SCHEDULER_SETTINGS if k in config}
         scheduler = instantiate(config)(optimizer=optimizer)
         if isinstance(scheduler, ReduceLROnPlateau) and not settings.get("monitor"):
             raise UserError(
