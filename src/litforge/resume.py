@@ -119,8 +119,8 @@ def last_checkpoint(output_dir: Path, command: list[str] | None = None) -> Path:
         )
     raise UserError(
         f"ckpt_path=last: no earlier run of this command (the same overrides, ckpt_path aside) "
-        f"has a checkpoint in {output_dir.parent}. Resume a given run with "
-        f"hydra.run.dir=<its folder> ckpt_path=last, or give ckpt_path=<file>."
+        f"has a checkpoint in {output_dir.parent}. With other overrides (more epochs), give "
+        f"ckpt_path=<its folder>/checkpoints/last.ckpt."
     )
 
 
