@@ -10,7 +10,7 @@ from helpers import BandPhotos, compose_config
 
 from litforge.data.base import ImageClassificationData, model_arguments
 from litforge.errors import UserError
-from litforge.pipeline import train
+from litforge.pipeline import evaluate, train
 
 
 def test_a_plain_lightning_datamodule_of_128px_photos_trains_through_the_pipeline(tmp_path):
@@ -65,3 +65,9 @@ def test_the_datamodule_docs_data_md_shows_trains_on_a_folder_of_photos(tmp_path
     assert "test/acc" in metrics
     checkpoint = torch.load(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt")
     assert checkpoint["hyper_parameters"]["class_names"] == ["cat", "dog", "fox"]
+    # eval.py, given the same data (as the docs' command), tests the best checkpoint again.
+    [best] = (Path(cfg.paths.output_dir) / "checkpoints").glob("epoch*.ckpt")
+    again = evaluate(
+        compose_config("eval", tmp_path / "eval", [*overrides[:2], f"ckpt_path={best}"])
+    )
+    assert again["test/acc"] == pytest.approx(metrics["test/acc"])
