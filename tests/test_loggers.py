@@ -50,3 +50,16 @@ def test_a_resumed_csv_log_is_rewritten_by_rank_zero_only(tmp_path, monkeypatch)
     assert metrics.stat().st_mtime_ns == before
     monkeypatch.setattr(rank_zero_only, "rank", 0)
     assert CSVLogger(tmp_path, name="csv", version="", resume_from="x").experiment.metrics_keys
+
+
+def test_a_resumed_csv_log_keeps_its_rows_without_saying_they_will_be_deleted(tmp_path, recwarn):
+    from litforge.loggers import CSVLogger
+
+    metrics = tmp_path / "csv" / "metrics.csv"
+    metrics.parent.mkdir()
+    metrics.write_text("epoch,step,val/acc\n0,9,0.5\n")
+    logger = CSVLogger(tmp_path, name="csv", version="", resume_from="last.ckpt")
+    logger.log_metrics({"val/acc": 0.75}, step=19)
+    logger.save()
+    assert metrics.read_text().splitlines()[1:] == ["0,9,0.5", ",19,0.75"]
+    assert not [w for w in recwarn if "will be deleted" in str(w.message)]

@@ -1,6 +1,7 @@
 """Loggers of our own, where Lightning's need a change (a feature folder may add its own)."""
 
 import csv
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,10 @@ class CSVLogger(lightning.pytorch.loggers.CSVLogger):
         if self._resume_from and metrics_file.is_file():
             with metrics_file.open(newline="") as f:
                 kept = list(csv.DictReader(f))
-        experiment = super().experiment  # deletes metrics.csv
+        with warnings.catch_warnings():
+            if kept:  # Lightning says they will be deleted: they are written back below
+                warnings.filterwarnings("ignore", "Experiment logs directory .* is not empty")
+            experiment = super().experiment  # deletes metrics.csv
         if kept:
             experiment.metrics_keys = sorted(set().union(*kept))
             with metrics_file.open("w", newline="") as f:
