@@ -979,6 +979,23 @@ def _dict_step_module():
 DictStepModule = _dict_step_module()
 
 
+def _nan_on_rank_one():
+    from litforge.models import ClassificationModule
+
+    class NaNOnRankOne(ClassificationModule):
+        """Its training loss is NaN at step 5 on rank 1 only (a bad batch of one process)."""
+
+        def loss(self, logits, y):
+            loss = super().loss(logits, y)
+            bad = self.training and self.global_rank == 1 and self.global_step == 5
+            return loss * float("nan") if bad else loss
+
+    return NaNOnRankOne
+
+
+NaNOnRankOne = _nan_on_rank_one()
+
+
 class SignSGD(torch.optim.Optimizer):
     """An optimizer from outside torch.optim, as a fork might write one: steps by the sign."""
 

@@ -104,6 +104,21 @@ def test_ddp_on_two_cpu_processes_writes_one_run_that_eval_loads(tmp_path, idx_d
 
 
 @pytest.mark.slow
+def test_a_nan_loss_on_one_process_stops_every_process_before_a_checkpoint(tmp_path, idx_data_dir):
+    """Rank 1's loss is NaN at step 5: the averaged gradients make every process's weights NaN,
+    so the checkpoint due at step 6 is refused on every process, not written by rank 0."""
+    run_dir = tmp_path / "run"
+    args = [*tiny_run_args(idx_data_dir, run_dir, "data.batch_size=10"), "trainer.devices=2"]
+    args += ["strategy=ddp", "model._target_=helpers.NaNOnRankOne", "strategy.timeout.minutes=2"]
+    args += ["callbacks.last_checkpoint.every_n_train_steps=6"]
+    result = run_script("train.py", *args, env={**ddp_env(), "PYTHONPATH": str(ROOT / "tests")})
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-3000:]
+    assert "the training loss became NaN or infinite" in output
+    assert not list((run_dir / "checkpoints").glob("*.ckpt")), "no checkpoint after the NaN"
+
+
+@pytest.mark.slow
 def test_two_process_ddp_steps_equal_one_process_steps(tmp_path, idx_data_dir):
     # Same seed, same global batch (2 x 32 vs 1 x 64), no batch norm or dropout (their
     # per-process statistics differ by design): the weights after N steps must match.

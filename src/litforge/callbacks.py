@@ -101,45 +101,59 @@ class LearningRateMonitor(lightning.pytorch.callbacks.LearningRateMonitor):
 
 class StopOnNonFiniteLoss(L.Callback):
     """Stop once a training loss was NaN or infinite, saying at which step, before any later
-    checkpoint is written. Checked when Lightning logs (every `log_every_n_steps`), at an epoch's
-    end and before each checkpoint: each step only keeps its loss (on its device), as a check
-    every step would wait for the GPU."""
+    checkpoint is written. Each step only keeps its loss (on its device: a check every step
+    would wait for the GPU); they are checked every `log_every_n_steps` optimizer steps (and
+    every `MAX_KEPT` losses), at an epoch's end, and before each checkpoint, where the
+    processes of a job agree (a NaN on one makes every process's weights NaN)."""
+
+    MAX_KEPT = 1024
 
     def __init__(self) -> None:
         self.losses: list[torch.Tensor] = []  # since the last check
         self.steps: list[int] = []  # their steps
+        self.checked_at = -1  # the step of the last periodic check
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.losses, self.steps = [], []
 
     def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
-        self.losses.append(loss.detach())
+        self.losses.append(loss.detach() if loss.ndim == 0 else loss.detach().sum())
         self.steps.append(trainer.global_step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if (trainer.global_step + 1) % trainer.log_every_n_steps == 0:
+        step, every = trainer.global_step, trainer.log_every_n_steps
+        due = every and step % every == 0 and step != self.checked_at  # (once per step)
+        if due or len(self.losses) >= self.MAX_KEPT:
+            self.checked_at = step
             self.check(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.check(trainer)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
-        self.check(trainer)
+        self.check(trainer, agree=trainer.world_size > 1)  # (every process saves together)
 
-    def check(self, trainer: L.Trainer) -> None:
-        """This process's own losses only: no collective, as processes may step apart (workers
-        that train asynchronously); under DDP a NaN reaches every process's weights through the
-        gradients, so the others stop at the same check or the next."""
-        if not self.losses or trainer.state.fn != "fit":
+    def check(self, trainer: L.Trainer, agree: bool = False) -> None:
+        """Raise if a kept loss is not finite; with `agree`, if one is on any process of the job
+        (a collective). Otherwise this process's own only: processes may step apart (workers
+        that train asynchronously), and the others stop at their next check."""
+        if trainer.state.fn != "fit":
             return
-        finite = torch.isfinite(torch.stack(self.losses))
-        steps, self.losses, self.steps = self.steps, [], []
-        if not finite.all():  # (one wait for the device per check)
-            step = steps[int(finite.logical_not().nonzero()[0])]
+        bad_step = None
+        if self.losses:
+            finite = torch.isfinite(torch.stack(self.losses))
+            steps, self.losses, self.steps = self.steps, [], []
+            if not finite.all():  # (one wait for the device per check)
+                bad_step = steps[int(finite.logical_not().nonzero()[0])]
+        anywhere = bad_step is not None
+        if agree:
+            anywhere = trainer.strategy.reduce_boolean_decision(anywhere, all=False)
+        if anywhere:
+            where = f"at step {bad_step}" if bad_step is not None else "on another process"
             kept = trainer.checkpoint_callback
             checkpoints = kept.dirpath if kept is not None else "(none: no checkpoint callback)"
             raise UserError(
-                f"the training loss became NaN or infinite at step {step} (epoch "
+                f"the training loss became NaN or infinite {where} (epoch "
                 f"{trainer.current_epoch}); training stopped. The checkpoints of earlier epochs "
                 f"are in {checkpoints}. Lower model.optimizer.lr, or check the data for NaNs."
             )
