@@ -76,13 +76,12 @@ class Recorded:
     [
         ({"data": {"batch_size": 32}}, None, {"per_device": 32, "global": 128}),
         ({"data": {"_target_": "mine.Photos"}}, L.LightningDataModule(), None),  # unknown
-        ({}, SimpleNamespace(batch_size=16, hparams={}), {"per_device": 16, "global": 64}),
     ],
 )
-def test_the_run_config_has_the_batch_size_of_the_config_or_the_datamodule(
+def test_the_run_config_has_the_batch_size_of_the_config_or_none(
     config, datamodule, expected, caplog
 ):
-    """A datamodule of one's own without `data.batch_size` gives its own, or none is said."""
+    """Without `data.batch_size` (a datamodule of one's own) no batch size is said or logged."""
     from litforge.callbacks import LogRunConfig
 
     caplog.set_level(logging.INFO)
@@ -97,3 +96,19 @@ def test_the_run_config_has_the_batch_size_of_the_config_or_the_datamodule(
     LogRunConfig(config).setup(trainer, None, "fit")
     assert logger.logged[0].get("batch_size") == expected
     assert ("Batch size:" in caplog.text) == (expected is not None)
+
+
+def test_under_accumulation_the_nan_stop_names_the_optimizer_step_and_checks_once_a_step():
+    checks = []
+
+    class Counted(StopOnNonFiniteLoss):
+        def check(self, trainer, agree=False):
+            checks.append(trainer.global_step)
+            super().check(trainer, agree)
+
+    # 8 batches an epoch, 4 accumulated: 2 optimizer steps an epoch; step 3 is NaN.
+    with pytest.raises(UserError, match=r"became NaN or infinite at step 3 \(epoch 1\)"):
+        fit(NaNAt(3), Counted(), accumulate_grad_batches=4, log_every_n_steps=1)
+    # Once an optimizer step (4 by the NaN), plus epoch 0's end and its checkpoint: not once a
+    # batch (16 by the NaN).
+    assert len(checks) <= 4 + 2, checks

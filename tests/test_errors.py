@@ -135,6 +135,7 @@ def test_hydra_full_error_still_shows_the_traceback(tmp_path):
             "model.optimizer.lrr: torch.optim.AdamW takes no such argument",
         ),
         ("+model.scheduler.eta_mn=0", "model.scheduler.eta_mn: torch.optim.lr_scheduler.Cosine"),
+        ("+model.optimizer.params=[]", "model.optimizer.params: the module gives it; remove it"),
         ("trainer.max_epochs=ten", "trainer.max_epochs='ten' is not a number"),
         ("optimized_metric_mode=maximum", "optimized_metric_mode=maximum is neither max nor min"),
     ],
@@ -308,7 +309,7 @@ def test_the_resolvers_come_from_the_entry_points_not_from_importing_the_package
         (
             "run",
             "is a folder of checkpoints: give one, e.g. ckpt_path={run}/checkpoints/"
-            "last.ckpt (the latest) or {run}/checkpoints/epoch_002.ckpt (the best)",
+            "last.ckpt (the latest) or ckpt_path={run}/checkpoints/epoch_002.ckpt (the best)",
         ),
         (
             "run/checkpoints",
@@ -346,3 +347,39 @@ def test_a_single_number_as_crop_scale_is_one_line(tmp_path):
         "error: data.crop_scale=0.5 is no [low, high] range within (0, 1]: give two "
         "fractions of the image, e.g. data.crop_scale=[0.35,1]."
     )
+
+
+def test_a_folder_of_runs_or_a_missing_file_names_checkpoints_to_give(tmp_path):
+    from litforge.checkpoints import read_checkpoint
+
+    runs = tmp_path / "runs"
+    for run in ("a", "b=2"):  # (the newest: a sweep's folder with `=` in its name)
+        (runs / run / "checkpoints").mkdir(parents=True)
+        (runs / run / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04")
+    newest = runs / "b=2" / "checkpoints" / "last.ckpt"
+    with pytest.raises(UserError, match="holds the checkpoints of several runs") as refused:
+        read_checkpoint(runs)
+    assert str(refused.value).endswith(f"the newest, \"ckpt_path='{newest}'\"")
+    with pytest.raises(UserError, match=r"no such file. \S+ holds: last.ckpt."):
+        read_checkpoint(newest.with_name("best.ckpt"))
+
+
+def test_a_checkpoint_naming_a_network_by_a_plain_value_is_told_so():
+    from litforge.checkpoints import check_registered
+
+    with pytest.raises(UserError, match="model.net is the value 'resnet18', not a config"):
+        check_registered({"hyper_parameters": {"net": "resnet18"}}, "x.ckpt")
+
+
+def test_optimizer_arguments_are_checked_only_for_the_module_that_builds_them_as_given():
+    """A module with a `configure_optimizers` of its own may read keys of its own."""
+    from omegaconf import OmegaConf
+
+    from litforge.checks import check_arguments
+
+    optimizer = {"_target_": "torch.optim.AdamW", "_partial_": True, "backbone_lr": 0.1}
+    own = {"_target_": "lightning.pytorch.LightningModule", "optimizer": optimizer}
+    check_arguments(OmegaConf.create({"model": own}))
+    ours = {**own, "_target_": "litforge.models.ClassificationModule"}
+    with pytest.raises(UserError, match="model.optimizer.backbone_lr: torch.optim.AdamW takes no"):
+        check_arguments(OmegaConf.create({"model": ours}))

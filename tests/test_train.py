@@ -210,8 +210,8 @@ def test_a_module_saving_objects_as_settings_is_told_why_its_checkpoints_will_no
     settings = {"net": torch.nn.Linear(4, 2), "optimizer": functools.partial(torch.optim.SGD)}
     warn_unless_loadable(SimpleNamespace(hparams=settings), SimpleNamespace(hparams={}))
     assert (
-        "This run: model.net is a Linear object, not a config: a checkpoint holds settings, so "
-        "the module takes net as a config (_target_ and values) and builds it" in caplog.text
+        "This run: model.net is a Linear object, not a config: the module takes net as a config "
+        "(its _target_ and values) and builds it" in caplog.text
     )
 
 

@@ -59,11 +59,8 @@ class LogRunConfig(L.Callback):
         self.config = OmegaConf.to_container(OmegaConf.create(dict(run_config)), resolve=True)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        config, datamodule = self.config, trainer.datamodule
-        # data.batch_size, or a datamodule's own (an attribute or a hyper-parameter)
-        per_device = config.get("data", {}).get("batch_size")
-        if per_device is None and datamodule is not None:
-            per_device = getattr(datamodule, "batch_size", datamodule.hparams.get("batch_size"))
+        config = self.config
+        per_device = config.get("data", {}).get("batch_size")  # (a datamodule's own: unknown)
         if isinstance(per_device, int):
             # processes that see different data (ranks that split one model share theirs)
             replicas = (trainer.distributed_sampler_kwargs or {}).get("num_replicas", 1)

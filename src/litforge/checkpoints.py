@@ -173,9 +173,18 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         there = f" {path.parent} holds: {', '.join(near[:4])}." if near else ""
         raise UserError(f"ckpt_path={path}: no such file.{there}")
     if path.is_dir() and not is_whole(path):  # a folder of shards cut off, or of checkpoints
-        # A run folder's, or Lightning's default checkpoint's under a logger's (callbacks=none).
-        folders = [path / "checkpoints", *sorted(path.glob("*/checkpoints"))]
-        folder = next((f for f in folders if f.is_dir()), path)
+        # A run's checkpoints/, or Lightning's own checkpoint folder under a logger's folder
+        # (callbacks=none); several: a folder of runs.
+        own = path / "checkpoints"
+        folders = [own, *path.glob("*/checkpoints"), *path.glob("*/*/checkpoints")]
+        folders = [f for f in folders if any(f.glob("*.ckpt"))]
+        if len(folders) > 1 and folders[0] != own:
+            newest = max((f for d in folders for f in d.glob("*.ckpt")), key=os.path.getmtime)
+            raise UserError(
+                f"ckpt_path={path} holds the checkpoints of several runs: give one, e.g. the "
+                f"newest, {override('ckpt_path', newest)}"
+            )
+        folder = folders[0] if folders else path
         found = sorted(p.name for p in folder.glob("*.ckpt"))
         if not found:
             raise UserError(
@@ -183,13 +192,11 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
                 f"checkpoints. {FIX}"
             )
         best = [name for name in found if name != "last.ckpt"]
-        choices = [f"{folder / 'last.ckpt'} (the latest)"] if "last.ckpt" in found else []
-        if best:  # (quoted: Hydra reads `=` in a value as another override)
-            name = str(folder / best[-1])
-            choices.append(f"{repr(name) if '=' in name else name} (the best)")
-        given = " or ".join(choices)
+        choices = [f"{override('ckpt_path', folder / 'last.ckpt')} (the latest)"]
+        choices = choices if "last.ckpt" in found else []
+        choices += [f"{override('ckpt_path', folder / best[-1])} (the best)"] if best else []
         raise UserError(
-            f"ckpt_path={path} is a folder of checkpoints: give one, e.g. ckpt_path={given}"
+            f"ckpt_path={path} is a folder of checkpoints: give one, e.g. {' or '.join(choices)}"
         )
     if path.is_file():
         with path.open("rb") as f:
@@ -214,6 +221,12 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         )
     check_registered(checkpoint, f"ckpt_path={path}")
     return checkpoint
+
+
+def override(key: str, path: str | Path) -> str:
+    """`key=path` as a shell passes it to Hydra: a value with `=` in it quoted for Hydra
+    (`"key='a=1'"`), since Hydra reads `=` as the start of another override."""
+    return f"\"{key}='{path}'\"" if "=" in str(path) else f"{key}={path}"
 
 
 def check_registered(checkpoint: dict[str, Any], where: str) -> None:
@@ -291,10 +304,12 @@ def check_buildable(config: Any, key: str, allowed: Sequence[str], partial: bool
     if config is None:
         return None
     if not isinstance(config, Mapping):
+        plain = isinstance(config, (str, int, float, bool, list, tuple))
+        what = f"the value {str(config)[:60]!r}" if plain else f"a {type(config).__name__} object"
         raise UserError(
-            f"{key} is a {type(config).__name__} object, not a config: a checkpoint holds "
-            f"settings, so the module takes {key.split('.')[-1]} as a config (_target_ and "
-            f"values) and builds it (as litforge.models.ClassificationModule does)."
+            f"{key} is {what}, not a config: the module takes {key.split('.')[-1]} as a config "
+            f"(its _target_ and values) and builds it, as litforge.models.ClassificationModule "
+            f"does."
         )
     target = config.get("_target_")
     name = registered_name(target, allowed)

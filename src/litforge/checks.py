@@ -8,7 +8,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from litforge.errors import UserError, number_problem
-from litforge.models.classifier import LIGHTNING_SCHEDULER_SETTINGS
+from litforge.models.classifier import LIGHTNING_SCHEDULER_SETTINGS, ClassificationModule
 
 NUMBERS = {  # key: what `number_problem` checks it for
     "seed": {"integer": True},
@@ -54,7 +54,14 @@ def check_config(cfg: DictConfig, needs_checkpoint: bool = False) -> None:
 
 def check_arguments(cfg: DictConfig) -> None:
     """A `model.optimizer` or `model.scheduler` setting its class does not take (a typo), said
-    before the data is read: the module builds them only once training starts."""
+    before the data is read: `ClassificationModule.configure_optimizers` builds them only once
+    training starts. (A module with its own `configure_optimizers` may read other keys.)"""
+    try:
+        builds = hydra.utils.get_object(cfg.model._target_).configure_optimizers
+    except Exception:  # no model, or not importable: instantiating it says why
+        return
+    if builds is not ClassificationModule.configure_optimizers:
+        return
     for key in ("model.optimizer", "model.scheduler"):
         config = OmegaConf.select(cfg, key)
         if not OmegaConf.is_dict(config) or "_target_" not in config:
@@ -65,6 +72,9 @@ def check_arguments(cfg: DictConfig) -> None:
             continue
         if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
             continue
+        given = ("params",) if key == "model.optimizer" else ("optimizer",)  # by the module
+        if any(k in config for k in given):
+            raise UserError(f"{key}.{given[0]}: the module gives it; remove it from the config.")
         known = [*parameters, *(LIGHTNING_SCHEDULER_SETTINGS if key == "model.scheduler" else ())]
         if unknown := [k for k in config if not k.startswith("_") and k not in known]:
             takes = ", ".join(p for p in known if p not in ("self", "params", "optimizer"))

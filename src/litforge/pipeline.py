@@ -233,16 +233,20 @@ def train(cfg: DictConfig) -> dict[str, float]:
             log.warning(
                 f"{ckpt_path} already reached trainer.max_epochs={trainer.max_epochs}: nothing "
                 f"left to train, validating it instead. (More epochs: trainer.max_epochs=<more> "
-                f"ckpt_path={ckpt_path}; the saved learning-rate schedule goes on, which a longer "
-                f"cosine would not be.)"
+                f"{checkpoints.override('ckpt_path', ckpt_path)}; the saved learning-rate "
+                f"schedule goes on, which a longer cosine would not be.)"
             )
             trainer.validate(model, datamodule=datamodule)
         metrics.update(_float_metrics(trainer))
         monitors = [cb for cb in trainer.checkpoint_callbacks if getattr(cb, "monitor", None)]
         ckpt_path = monitors[0].best_model_path if monitors else None
         if not ckpt_path and cfg.get("test"):
-            saved = [cb.best_model_path for cb in trainer.checkpoint_callbacks]
-            why = "no checkpoint monitors a metric" if any(saved) else "no checkpoint was saved"
+            why = (
+                f"the checkpoint of the best {monitors[0].monitor} saved none (no validation, "
+                f"or fast_dev_run)"
+                if monitors
+                else "no checkpoint callback monitors a metric"
+            )
             log.warning(f"Testing the final weights: {why}.")
     elif checkpoint is not None:
         # Loaded here rather than by Lightning: a folder of shards then tests on any strategy.

@@ -146,7 +146,10 @@ def checked_checkpoint(
     if ckpt_path == "last":
         ckpt_path = str(last_checkpoint(Path(output_dir)))
     if fitting and checkpoints.is_whole(Path(ckpt_path)):  # its settings: in meta.pt
-        meta = torch.load(Path(ckpt_path, "meta.pt"), map_location="cpu", weights_only=True)
+        try:
+            meta = torch.load(Path(ckpt_path, "meta.pt"), map_location="cpu", weights_only=True)
+        except Exception as err:  # torch.load raises many kinds on foreign bytes
+            raise UserError(f"ckpt_path={ckpt_path}: its meta.pt does not read ({err}).") from err
         warn_of_ignored_settings(meta, model, ckpt_path)
         return ckpt_path, None
     checkpoint = checkpoints.read_checkpoint(ckpt_path)

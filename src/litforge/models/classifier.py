@@ -29,7 +29,7 @@ def plain(config: Any) -> Any:
 
 
 # Lightning's scheduler settings, which ride along in model.scheduler beside its arguments.
-LIGHTNING_SCHEDULER_SETTINGS = ("interval", "frequency", "monitor")
+LIGHTNING_SCHEDULER_SETTINGS = ("interval", "frequency", "monitor", "strict", "name")
 
 
 class ClassificationModule(L.LightningModule):

@@ -568,8 +568,8 @@ class ParameterServerStrategy(
         check_parameter_server(cfg)
 
     # Async mode: between an epoch's first batch and validation, Lightning sees one process.
-    # Its SIGTERM broadcast before every batch (and the NaN check's reduction after it) would
-    # make each step wait for the slowest worker, and hang when their step counts differ.
+    # Its SIGTERM broadcast before every batch would make each step wait for the slowest
+    # worker, and hang when their step counts differ.
     stepping_alone = False
 
     # Set here rather than in the cluster environment: SLURM's and torchrun's ignore setters.
