@@ -105,7 +105,7 @@ def test_callbacks_none_tests_the_final_weights_and_eval_finds_lightnings_checkp
     run = tmp_path / "run"
     overrides += ["trainer.max_epochs=1", "callbacks=none", f"paths.output_dir={run}"]
     assert "test/acc" in train(compose_config("train", run, overrides))
-    assert "Testing the final weights: no checkpoint monitors a metric." in caplog.text
+    assert "Testing the final weights: no checkpoint callback monitors a metric." in caplog.text
     [saved] = run.glob("*/checkpoints/*.ckpt")  # (csv/checkpoints/epoch=0-step=N.ckpt)
     data = ["data=mnist", f"paths.data_dir={idx_data_dir}", "logger=none"]
     with pytest.raises(UserError, match="is a folder of checkpoints: give one") as refused:

@@ -1,14 +1,10 @@
 """Config checks, named by their config keys, before any data is read or process launched: the
 values no constructor checks (a datamodule checks its own `data.*` settings, once)."""
 
-import inspect
-
-import hydra.utils
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from litforge.errors import UserError, number_problem
-from litforge.models.classifier import LIGHTNING_SCHEDULER_SETTINGS, ClassificationModule
 
 NUMBERS = {  # key: what `number_problem` checks it for
     "seed": {"integer": True},
@@ -47,41 +43,8 @@ def check_config(cfg: DictConfig, needs_checkpoint: bool = False) -> None:
             "no checkpoint given: add ckpt_path=<file or folder>, e.g. "
             "logs/train/runs/<run>/checkpoints/last.ckpt"
         )
-    check_arguments(cfg)
     check_strategy(cfg)
     check_precision(cfg)
-
-
-def check_arguments(cfg: DictConfig) -> None:
-    """A `model.optimizer` or `model.scheduler` setting its class does not take (a typo), said
-    before the data is read: `ClassificationModule.configure_optimizers` builds them only once
-    training starts. (A module with its own `configure_optimizers` may read other keys.)"""
-    try:
-        builds = hydra.utils.get_object(cfg.model._target_).configure_optimizers
-    except Exception:  # no model, or not importable: instantiating it says why
-        return
-    if builds is not ClassificationModule.configure_optimizers:
-        return
-    for key in ("model.optimizer", "model.scheduler"):
-        config = OmegaConf.select(cfg, key)
-        if not OmegaConf.is_dict(config) or "_target_" not in config:
-            continue
-        try:
-            parameters = inspect.signature(hydra.utils.get_object(config._target_)).parameters
-        except Exception:  # not importable, or no signature: building it says why
-            continue
-        if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
-            continue
-        given = ("params",) if key == "model.optimizer" else ("optimizer",)  # by the module
-        if any(k in config for k in given):
-            raise UserError(f"{key}.{given[0]}: the module gives it; remove it from the config.")
-        known = [*parameters, *(LIGHTNING_SCHEDULER_SETTINGS if key == "model.scheduler" else ())]
-        if unknown := [k for k in config if not k.startswith("_") and k not in known]:
-            takes = ", ".join(p for p in known if p not in ("self", "params", "optimizer"))
-            raise UserError(
-                f"{key}.{unknown[0]}: {config._target_} takes no such argument (it takes: "
-                f"{takes}). Fix the name or remove it."
-            )
 
 
 def accelerator_is_cpu(accelerator: str) -> bool:

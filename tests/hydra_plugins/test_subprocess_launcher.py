@@ -66,7 +66,7 @@ def test_sweep_summary_has_failed_rows_and_seed_means(tmp_path, idx_data_dir):
     assert "Traceback" not in result.stderr
     assert "error: 2 job(s) of the sweep failed:" in result.stderr
     assert re.search(
-        r"#\d \(.*data.val_size=100000.*\): val_size=100000 must be below", result.stderr
+        r"#\d \(.*data.val_size=100000.*\): data.val_size=100000 must be below", result.stderr
     )
 
     with (sweep_dir / "summary.csv").open() as f:

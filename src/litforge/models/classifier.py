@@ -214,12 +214,18 @@ class ClassificationModule(L.LightningModule):
         return [{"params": head}, {"params": list(backbone.parameters()), "lr": lr}]
 
     def configure_optimizers(self) -> dict[str, Any]:
-        optimizer = instantiate(self.hparams.optimizer)(params=self.parameter_groups())
+        try:  # (a TypeError: a setting the class does not take, or of the wrong kind)
+            optimizer = instantiate(self.hparams.optimizer)(params=self.parameter_groups())
+        except TypeError as err:
+            raise UserError(f"model.optimizer: {err}") from err
         if not self.hparams.scheduler:
             return {"optimizer": optimizer}
         config = dict(self.hparams.scheduler)
         settings = {k: config.pop(k) for k in LIGHTNING_SCHEDULER_SETTINGS if k in config}
-        scheduler = instantiate(config)(optimizer=optimizer)
+        try:
+            scheduler = instantiate(config)(optimizer=optimizer)
+        except TypeError as err:
+            raise UserError(f"model.scheduler: {err}") from err
         if isinstance(scheduler, ReduceLROnPlateau) and not settings.get("monitor"):
             raise UserError(
                 "model.scheduler: ReduceLROnPlateau steps on a logged metric, and "
