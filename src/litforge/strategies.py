@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 
 import lightning.pytorch.strategies
@@ -82,6 +83,15 @@ class ReportsLostProcesses:
         if self.lost_line:
             return self.lost_line
         dead = self.ended_processes()
+        communication = any(
+            _is_communication_error(e) for e in (exception, exception.__context__) if e
+        )
+        if communication and not dead and getattr(self.launcher, "procs", None):
+            # A killed peer's sockets close before its exit can be seen: a moment for it to end.
+            deadline = time.monotonic() + 2
+            while not dead and time.monotonic() < deadline:
+                time.sleep(0.05)
+                dead = self.ended_processes()
         # Killed from outside first: an exit 1 or NCCL's abort (SIGABRT) may be a reaction to it.
         dead.sort(key=lambda entry: entry[2] > 0 or entry[2] == -signal.SIGABRT)
         if dead:
@@ -91,7 +101,7 @@ class ReportsLostProcesses:
                 f"the process of {self.process_name(rank)} (pid {process.pid}) died ({how}), "
                 f"so the job stopped. Its own output above says why; {how_to_resume()}."
             )
-        if any(_is_communication_error(e) for e in (exception, exception.__context__) if e):
+        if communication:
             return (
                 f"rank {self.global_rank} lost contact with the other processes of the job "
                 f"({_what_failed(exception)}); one of them stopped or died: {how_to_resume()}."
