@@ -160,7 +160,9 @@ def checked_checkpoint(
     return ckpt_path, checkpoint
 
 
-def warn_of_ignored_settings(checkpoint: dict[str, Any], model: L.LightningModule, ckpt_path: str):
+def warn_of_ignored_settings(
+    checkpoint: dict[str, Any], model: L.LightningModule, ckpt_path: str
+) -> None:
     if ignored := settings_that_resuming_ignores(checkpoint, model.hparams):
         warning_on_rank_zero(
             f"Resuming {ckpt_path}: the optimizer and scheduler go on from their saved states, "

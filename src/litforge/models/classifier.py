@@ -214,8 +214,9 @@ class ClassificationModule(L.LightningModule):
         return [{"params": head}, {"params": list(backbone.parameters()), "lr": lr}]
 
     def configure_optimizers(self) -> dict[str, Any]:
+        params = self.parameter_groups()
         try:  # (a TypeError: a setting the class does not take, or of the wrong kind)
-            optimizer = instantiate(self.hparams.optimizer)(params=self.parameter_groups())
+            optimizer = instantiate(self.hparams.optimizer)(params=params)
         except TypeError as err:
             raise UserError(f"model.optimizer: {err}") from err
         if not self.hparams.scheduler:
