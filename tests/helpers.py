@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch.core.saving import CHECKPOINT_PAST_HPARAMS_KEYS
 from omegaconf import DictConfig, open_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -916,17 +917,30 @@ CRAFTED = {  # (hyper-parameter, value): what a crafted checkpoint asks to build
 }
 
 
+# Each key besides hyper_parameters from which Lightning's loading takes the module's arguments,
+# with crafts to put there: `hparams_name` wraps them all as one argument (a network here).
+LEGACY_CRAFTS = [
+    (under, craft)
+    for under in CHECKPOINT_PAST_HPARAMS_KEYS
+    for craft in ("nested in the network", "another optimizer", "open in mean")
+] + [("hparams_name", "nested in the network"), ("hparams_name", "a network not listed")]
+
 # What the refusals say.
 REFUSED = (
     r"is not allowed|has a _target_ of its own|interpolation|has _args_|names no weights"
-    r"|is no \(channels, height, width\)|is no list of numbers|settings no registered module"
+    r"|is no \(channels, height, width\)|is no list of numbers|does not take"
     r"|object, not a config"
 )
 
 
-def crafted_checkpoint(checkpoint_path: Path, craft: str, tmp_path: Path) -> tuple[Path, Path]:
+def crafted_checkpoint(
+    checkpoint_path: Path, craft: str, tmp_path: Path, under: str = "hyper_parameters"
+) -> tuple[Path, Path]:
     """A copy of a checkpoint whose hyper-parameters ask to build `CRAFTED[craft]`, and the
-    empty folder what it asks for would be made in."""
+    empty folder what it asks for would be made in. `under`: the key that holds the crafted
+    setting, one Lightning also merges into the module's arguments (`hparams`,
+    `module_arguments`; it is then left out of `hyper_parameters`), or `hparams_name`: the
+    crafted `net` config becomes all of `hyper_parameters`, which Lightning passes as `net`."""
     import json
     import os
     import pickle
@@ -946,7 +960,15 @@ def crafted_checkpoint(checkpoint_path: Path, craft: str, tmp_path: Path) -> tup
     crafted = json.loads(json.dumps(value).replace("{d}", str(made)).replace("{p}", str(payload)))
     old = checkpoint["hyper_parameters"].get(key)
     merged = isinstance(old, dict) and isinstance(crafted, dict)
-    checkpoint["hyper_parameters"][key] = {**old, **crafted} if merged else crafted
+    crafted = {**old, **crafted} if merged else crafted
+    if under == "hyper_parameters":
+        checkpoint["hyper_parameters"][key] = crafted
+    elif under == "hparams_name":
+        assert key == "net", "hparams_name makes all settings one: a crafted network"
+        checkpoint["hyper_parameters"], checkpoint["hparams_name"] = crafted, "net"
+    else:  # a legacy key: Lightning merges it under hyper_parameters
+        del checkpoint["hyper_parameters"][key]
+        checkpoint[under] = {key: crafted}
     path = tmp_path / "crafted.ckpt"
     torch.save(checkpoint, path)
     return path, made

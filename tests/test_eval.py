@@ -4,7 +4,15 @@ import shlex
 
 import pytest
 import torch
-from helpers import CRAFTED, REFUSED, compose_config, crafted_checkpoint, write_idx_dataset
+from helpers import (
+    CRAFTED,
+    LEGACY_CRAFTS,
+    REFUSED,
+    compose_config,
+    crafted_checkpoint,
+    run_script,
+    write_idx_dataset,
+)
 from omegaconf import OmegaConf
 
 from litforge.errors import UserError
@@ -149,6 +157,85 @@ def test_a_checkpoint_builds_only_listed_networks(tmp_path, one_epoch_run, craft
     assert not any(made.iterdir())
 
 
+@pytest.mark.parametrize("entry", ["eval.py", "load_from_checkpoint", "train=false", "resume"])
+@pytest.mark.parametrize(("under", "craft"), LEGACY_CRAFTS)
+def test_settings_under_lightnings_other_keys_are_checked_alike(
+    tmp_path, one_epoch_run, under, craft, entry
+):
+    """Lightning's loading also takes the module's arguments from the legacy keys `hparams` and
+    `module_arguments`, and passes them all as one when `hparams_name` names an argument: what
+    they would build is checked like `hyper_parameters` (predict, export and serve:
+    tests/deploy/test_inference.py)."""
+    from litforge.models import ClassificationModule
+
+    last, data_dir = one_epoch_run
+    path, made = crafted_checkpoint(last, craft, tmp_path, under=under)
+    data = ["data=mnist", f"ckpt_path={path}", f"paths.data_dir={data_dir}", "logger=none"]
+    with pytest.raises(UserError, match=REFUSED):
+        if entry == "eval.py":
+            evaluate(compose_config("eval", tmp_path / "e", data))
+        elif entry == "load_from_checkpoint":
+            module = ClassificationModule.load_from_checkpoint(path, weights_only=True)
+            module.configure_optimizers()
+        else:
+            more = ["train=false"] if entry == "train=false" else ["trainer.max_epochs=2"]
+            train(compose_config("train", tmp_path / "t", [*data, *more]))
+    assert not any(made.iterdir())
+
+
+def test_module_arguments_are_what_lightning_passes_to_the_constructor(tmp_path, monkeypatch):
+    """`checkpoints.module_arguments` gathers a module's arguments from a checkpoint as the
+    installed Lightning does, and Lightning reads no other key of the checkpoint for them: a
+    Lightning that starts reading another one fails here."""
+    import lightning as L
+    from lightning.pytorch.core import saving
+
+    from litforge.checkpoints import module_arguments
+
+    class Recording(L.LightningModule):
+        received: dict = {}
+
+        def __init__(self, net=None, lr=0.1, mean=None):
+            super().__init__()
+            Recording.received = {"net": net, "lr": lr, "mean": mean}
+
+    read = set()
+
+    class ReadKeys(dict):  # the checkpoint, noting each key that is read
+        def get(self, key, *default):
+            read.add(key)
+            return super().get(key, *default)
+
+        def __getitem__(self, key):
+            read.add(key)
+            return super().__getitem__(key)
+
+        def __contains__(self, key):
+            read.add(key)
+            return super().__contains__(key)
+
+    load_state = saving._load_state  # (private: only this test reads it, to watch it)
+    watched = lambda cls, ckpt, **kw: load_state(cls, ReadKeys(ckpt), **kw)  # noqa: E731
+    monkeypatch.setattr(saving, "_load_state", watched)
+    cases = [
+        {"hyper_parameters": {"lr": 0.5}},
+        {"hyper_parameters": {"lr": 0.5}, "hparams": {"net": {"a": 1}, "lr": 0.2}},
+        {"hyper_parameters": {}, "module_arguments": {"mean": [0.5]}, "hparams": {"mean": [1]}},
+        {"hyper_parameters": {"a": 1, "lr": 2}, "hparams_name": "net"},
+        {"hyper_parameters": {"lr": 3}, "hparams_name": "kwargs", "hparams_type": "dict"},
+    ]
+    for case in cases:
+        path = tmp_path / "c.ckpt"
+        torch.save({"state_dict": {}, "pytorch-lightning_version": L.__version__, **case}, path)
+        Recording.load_from_checkpoint(path, weights_only=True)
+        expected = {"net": None, "lr": 0.1, "mean": None, **module_arguments(case, Recording)}
+        assert Recording.received == expected, case
+    # What module_arguments reads; state_dict: the weights, loaded after the constructor.
+    assert read <= {"hyper_parameters", "hparams_name", "hparams_type", "state_dict"} | set(
+        saving.CHECKPOINT_PAST_HPARAMS_KEYS
+    )
+
+
 def test_image_size_channels_and_normalization_come_from_the_checkpoint(tmp_path, monkeypatch):
     """A CNN trained on 160x120 RGB photos at data.image_size=128 evaluates without retyping it;
     another explicit size is one line before any image is read."""
@@ -176,3 +263,62 @@ def test_image_size_channels_and_normalization_come_from_the_checkpoint(tmp_path
     )
     with pytest.raises(UserError, match=r"data.image_size=64, but .* was trained with 128: leave"):
         evaluate(cfg)
+
+
+OVERSIZED = {  # settings that would build far more than the checkpoint holds (~19 GB: hidden)
+    "a hidden layer of 6,000,000 units": ("net", {"hidden_sizes": [6_000_000]}),
+    "3,000,000 classes": ("num_classes", 3_000_000),
+    "a 4096x4096x7x7 convolution": (
+        "net",
+        {"_target_": "litforge.models.cnn.CNN", "channels": [4096, 4096], "kernel_size": 7},
+    ),
+    "settings the network does not take": ("net", {"_target_": "litforge.models.cnn.CNN", "x": 1}),
+    "images of 100000 px": ("input_shape", [1, 100_000, 100_000]),
+}
+
+
+@pytest.mark.parametrize("craft", OVERSIZED)
+def test_settings_larger_than_the_checkpoints_tensors_are_refused_before_building(
+    tmp_path, one_epoch_run, craft
+):
+    from litforge.models import ClassificationModule
+
+    last, data_dir = one_epoch_run
+    checkpoint = torch.load(last, weights_only=True)
+    key, value = OVERSIZED[craft]
+    if key == "net" and "_target_" not in value:  # the MLP's other settings kept
+        value = {**checkpoint["hyper_parameters"]["net"], **value}
+    checkpoint["hyper_parameters"][key] = value
+    path = tmp_path / "oversized.ckpt"
+    torch.save(checkpoint, path)
+    refused = r"another architecture than|is out of range: images of|settings build no module"
+    data = ["data=mnist", f"ckpt_path={path}", f"paths.data_dir={data_dir}", "logger=none"]
+    with pytest.raises(UserError, match=refused):
+        evaluate(compose_config("eval", tmp_path / "e", data))
+    with pytest.raises(UserError, match=refused):
+        ClassificationModule.load_from_checkpoint(path, weights_only=True)
+
+
+@pytest.mark.slow
+def test_eval_refuses_a_checkpoint_of_a_6_million_unit_layer_under_1_5_gb(tmp_path, one_epoch_run):
+    """The whole command, as a user runs it, measured by its own peak memory (resident)."""
+    last, data_dir = one_epoch_run
+    checkpoint = torch.load(last, weights_only=True)
+    checkpoint["hyper_parameters"]["net"]["hidden_sizes"] = [6_000_000]
+    path = tmp_path / "oversized.ckpt"
+    torch.save(checkpoint, path)
+    measured = (
+        "import resource, runpy, sys\n"
+        "sys.argv = sys.argv[1:]\n"
+        "try:\n"
+        "    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+        "finally:\n"
+        "    print('peak_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    args = [f"ckpt_path={path}", "data=mnist", f"paths.data_dir={data_dir}", "logger=none"]
+    args += [f"hydra.run.dir={tmp_path / 'e'}"]
+    done = run_script("-c", measured, "eval.py", *args)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "error:" in done.stderr and "another architecture than" in done.stderr
+    peak_kb = int(done.stdout.split("peak_kb")[-1])
+    assert peak_kb < 1.5 * 2**20, f"peak {peak_kb / 2**20:.2f} GB"

@@ -17,6 +17,7 @@ from helpers import (
     RESUMABLE,
     ROOT,
     assert_same_run,
+    compose_config,
     run_in_process,
     run_script,
     tiny_run_args,
@@ -24,6 +25,7 @@ from helpers import (
 
 from litforge.checkpoints import AtomicCheckpointIO
 from litforge.errors import UserError
+from litforge.pipeline import train
 from litforge.resume import auto_checkpoint, last_checkpoint, newest_loadable
 
 
@@ -283,3 +285,33 @@ def test_a_folder_of_shards_is_left_to_the_strategy_and_refused_by_file_readers(
         checked_checkpoint(str(folder), str(tmp_path / "run"), model, None, True)
     with pytest.raises(UserError, match="is a folder of shards: training resumes from it with"):
         AtomicCheckpointIO().load_checkpoint(folder)
+
+
+@pytest.mark.parametrize("dirpath", ["kept", "left out"])
+def test_a_checkpoint_naming_a_file_outside_its_folder_deletes_nothing(
+    tmp_path, idx_data_dir, caplog, dirpath
+):
+    """ModelCheckpoint deletes its saved k-th best file once a better one is saved, guarded by
+    the words of the path: a crafted `<dir>/../../victim` in a resumed run's state is refused
+    (with the state's own dirpath, or without it, when Lightning takes the current one)."""
+    overrides = ["data=mnist", "data.val_size=100", "logger=none", f"paths.data_dir={idx_data_dir}"]
+    train(compose_config("train", tmp_path, [*overrides, "trainer.max_epochs=1"]))
+    victim = tmp_path / "victim"
+    victim.write_text("mine")
+    for path in (tmp_path / "run" / "checkpoints").glob("*.ckpt"):
+        checkpoint = torch.load(path, weights_only=True)
+        for state in checkpoint["callbacks"].values():
+            if "best_k_models" in state:
+                outside = f"{state['dirpath']}/../../victim"
+                state["kth_best_model_path"] = outside
+                state["best_k_models"] = {outside: torch.tensor(-1.0)}
+                if dirpath == "left out":
+                    del state["dirpath"]
+        torch.save(checkpoint, path)
+
+    resumed = [*overrides, "trainer.max_epochs=3", "ckpt_path=last"]  # in place: the same run
+    with pytest.raises(UserError, match="none of the checkpoints in .* loads"):
+        train(compose_config("train", tmp_path, resumed))
+    why = "/../../victim', outside" if dirpath == "kept" else "but no folder of its own"
+    assert why in caplog.text
+    assert victim.read_text() == "mine"

@@ -4,6 +4,7 @@ continues from: `resume`."""
 
 import contextlib
 import functools
+import inspect
 import logging
 import os
 import random
@@ -15,6 +16,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.core.saving import CHECKPOINT_PAST_HPARAMS_KEYS
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -220,6 +222,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
             + FIX
         )
     check_registered(checkpoint, f"ckpt_path={path}")
+    check_callback_paths(checkpoint, f"ckpt_path={path}")
     return checkpoint
 
 
@@ -229,48 +232,128 @@ def override(key: str, path: str | Path) -> str:
     return f"\"{key}='{path}'\"" if "=" in str(path) else f"{key}={path}"
 
 
-def check_registered(checkpoint: dict[str, Any], where: str) -> None:
+def check_registered(
+    checkpoint: dict[str, Any], where: str, module_class: type | None = None
+) -> None:
     """A UserError unless what the checkpoint's settings would build is registered in
     `litforge.models` (matched exactly) and its other settings are plain values of the right
-    kinds: checked on reading, before anything is built or any module imported."""
-    import inspect
-
+    kinds: checked on reading, before anything is built or any module imported. The settings
+    checked are those Lightning would pass to `module_class`'s constructor (each class of
+    `MODULES` when None): `module_arguments`."""
     from litforge.data.images import INTERPOLATIONS
-    from litforge.models import MODULES, NETWORKS, OPTIMIZERS, SCHEDULERS
+    from litforge.models import MODULES
 
-    hp = checkpoint.get("hyper_parameters") or {}
     data = checkpoint.get("datamodule_hyper_parameters") or {}
-    if not isinstance(hp, dict) or not isinstance(data, dict):
+    if not isinstance(data, dict):
         raise UserError(f"{where} holds hyper-parameters that are no dict of settings. {FIX}")
-    accepted = {p for m in MODULES for p in inspect.signature(m.__init__).parameters} - {"self"}
-    if unknown := [k for k in hp if k not in accepted]:
-        raise UserError(
-            f"{where} holds settings no registered module takes: {unknown}. A LightningModule "
-            f"of yours that takes them: add it to MODULES in src/litforge/models/__init__.py."
-        )
-    try:
-        if "input_shape" in hp:  # what eval.py also fills data settings with
-            settings = ("num_classes", "class_names", "class_weights", "mean", "std")
-            check_settings(hp["input_shape"], *(hp.get(k) for k in settings))
-        if hp.get("net") is not None:
-            net = check_buildable(hp["net"], "model.net", NETWORKS)
-            if pretrained := [k for k in net if k.startswith("pretrained")]:
-                raise UserError(
-                    f"model.net has {', '.join(pretrained)}: a checkpoint holds its weights, "
-                    f"and names no weights to fetch or read."
-                )
-        if hp.get("optimizer") is not None:
-            check_buildable(hp["optimizer"], "model.optimizer", OPTIMIZERS, partial=True)
-        if hp.get("scheduler") is not None:
-            check_buildable(hp["scheduler"], "model.scheduler", SCHEDULERS, partial=True)
-    except UserError as err:
-        raise UserError(f"{where}: {err}") from None
+    for cls in [module_class] if module_class else MODULES:
+        try:
+            check_module_arguments(module_arguments(checkpoint, cls), cls)
+        except UserError as err:
+            raise UserError(f"{where}: {err}") from None
     if data.get("interpolation") not in (None, *INTERPOLATIONS):
         raise UserError(
             f"{where}: data.interpolation={data['interpolation']!r} is none of {INTERPOLATIONS}."
         )
     if not isinstance(data.get("name", ""), str):
         raise UserError(f"{where}: its dataset name {data['name']!r} is no name. {FIX}")
+
+
+def module_arguments(checkpoint: Mapping[str, Any], module_class: type) -> dict[str, Any]:
+    """What Lightning's `load_from_checkpoint` passes from `checkpoint` to `module_class`'s
+    constructor, gathered as Lightning gathers it (`lightning.pytorch.core.saving._load_state`;
+    tests/test_eval.py holds the two the same): `hyper_parameters` over the older keys that
+    Lightning still merges in (`CHECKPOINT_PAST_HPARAMS_KEYS`), all as one argument when
+    `hparams_name` names a parameter. Settings the constructor does not take are kept: the
+    check refuses them."""
+    settings: dict[str, Any] = {}
+    for key in (*CHECKPOINT_PAST_HPARAMS_KEYS, "hyper_parameters"):
+        part = checkpoint.get(key) or {}
+        if not isinstance(part, Mapping):
+            raise UserError(f"its {key} are no dict of settings. {FIX}")
+        settings.update(part)
+    if not isinstance(checkpoint.get("hparams_type") or "", str):  # Lightning would call it
+        raise UserError(f"its hparams_type {checkpoint['hparams_type']!r} is no type name. {FIX}")
+    name = checkpoint.get("hparams_name")
+    if isinstance(name, str) and name in parameters(module_class):
+        settings = {name: settings}
+    return settings
+
+
+def parameters(module_class: type) -> list[str] | None:
+    """The names of the constructor's parameters; None when it takes any (`**kwargs`)."""
+    signature = inspect.signature(module_class.__init__)
+    kinds = [p.kind for p in signature.parameters.values()]
+    if inspect.Parameter.VAR_KEYWORD in kinds:
+        return None
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [n for n, p in list(signature.parameters.items())[1:] if p.kind in named]
+
+
+def check_module_arguments(hp: dict[str, Any], module_class: type) -> None:
+    """The settings a checkpoint gives `module_class`: only those it takes; the configs it
+    builds registered; the plain values of the right kinds."""
+    from litforge.models import NETWORKS, OPTIMIZERS, SCHEDULERS
+
+    accepted = parameters(module_class)
+    if accepted is not None and (unknown := [k for k in hp if k not in accepted]):
+        raise UserError(
+            f"it holds settings {class_path(module_class)} does not take: {unknown}. A "
+            f"LightningModule of yours that takes them: add it to MODULES in "
+            f"src/litforge/models/__init__.py."
+        )
+    if "input_shape" in hp:  # what eval.py also fills data settings with
+        settings = ("num_classes", "class_names", "class_weights", "mean", "std")
+        check_settings(hp["input_shape"], *(hp.get(k) for k in settings))
+    for key, kind in (("compile", bool), ("channels_last", bool)):
+        if key in hp and not isinstance(hp[key], kind):
+            raise UserError(f"{key}={hp[key]!r} is no {kind.__name__}.")
+    for key in ("label_smoothing", "backbone_lr_scale"):
+        if key in hp and (isinstance(hp[key], bool) or not isinstance(hp[key], (int, float))):
+            raise UserError(f"{key}={hp[key]!r} is no number.")
+    if hp.get("net") is not None:
+        net = check_buildable(hp["net"], "model.net", NETWORKS)
+        if pretrained := [k for k in net if k.startswith("pretrained")]:
+            raise UserError(
+                f"model.net has {', '.join(pretrained)}: a checkpoint holds its weights, "
+                f"and names no weights to fetch or read."
+            )
+    if hp.get("optimizer") is not None:
+        check_buildable(hp["optimizer"], "model.optimizer", OPTIMIZERS, partial=True)
+    if hp.get("scheduler") is not None:
+        check_buildable(hp["scheduler"], "model.scheduler", SCHEDULERS, partial=True)
+
+
+def check_callback_paths(checkpoint: Mapping[str, Any], where: str) -> None:
+    """The files the callbacks' saved states name (ModelCheckpoint's best and k-th best, which it
+    deletes once better ones are saved) lie inside their callback's `dirpath`, as Lightning
+    writes them: absolute, normalized paths. Lightning's own guard compares the words of the
+    path, so `<dirpath>/../x` would pass it: a UserError instead."""
+    states = checkpoint.get("callbacks") or {}
+    if not isinstance(states, Mapping):
+        raise UserError(f"{where} holds callback states that are no dict. {FIX}")
+    for name, state in states.items():
+        if not isinstance(state, Mapping):
+            continue
+        named = [v for k, v in state.items() if str(k).endswith("path") and k != "dirpath"]
+        named += list(state.get("best_k_models") or {})
+        named = [p for p in named if p not in (None, "")]
+        folder = state.get("dirpath")
+        callback = f"{where}: the saved state of its callback {str(name)[:80]!r}"
+        if named and not _normal_path(folder):
+            raise UserError(f"{callback} names files but no folder of its own (dirpath). {FIX}")
+        for path in named:
+            if not (_normal_path(path) and Path(folder) in Path(path).parents):
+                raise UserError(
+                    f"{callback} names the file {str(path)[:200]!r}, outside that callback's "
+                    f"folder {folder[:200]!r}: a checkpoint names no file to touch outside its "
+                    f"run. {FIX}"
+                )
+
+
+def _normal_path(path: Any) -> bool:
+    """An absolute local path without `.` or `..` parts (as Lightning's callbacks save them)."""
+    return isinstance(path, str) and os.path.isabs(path) and os.path.normpath(path) == path
 
 
 def registered_name(target: object, allowed: Sequence[str]) -> str | None:
@@ -381,8 +464,15 @@ def check_settings(
             and all(isinstance(v, kind) and not isinstance(v, bool) for v in value)
         )
 
+    from litforge.data.images import MAX_IMAGE_SIZE
+
     if not (listed(input_shape, int) and len(input_shape) == 3 and min(input_shape) > 0):
         raise UserError(f"input_shape={input_shape!r} is no (channels, height, width) of pixels.")
+    if max(input_shape[1:]) > MAX_IMAGE_SIZE or input_shape[0] > 4:
+        raise UserError(
+            f"input_shape={input_shape!r} is out of range: images of 1 to 4 channels and at most "
+            f"{MAX_IMAGE_SIZE} px a side."
+        )
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
         raise UserError(f"num_classes={num_classes!r} is no number of classes (2 or more).")
     if class_names is not None and not listed(class_names, str):
@@ -424,11 +514,30 @@ def load_module(
             f"{ckpt_path} holds no hyper-parameters (its module did not call "
             f"save_hyperparameters): it cannot be rebuilt from the checkpoint alone."
         )
+    if target:  # (read_checkpoint checked the settings for each class of MODULES)
+        check_registered(checkpoint, ckpt_path, module_class)
+    check_sizes(checkpoint, module_class, ckpt_path)
     if Path(ckpt_path).is_file():
         return module_class.load_from_checkpoint(ckpt_path, map_location="cpu", weights_only=True)
-    model = module_class(**checkpoint["hyper_parameters"])  # a folder of shards
+    model = module_class(**module_arguments(checkpoint, module_class))  # a folder of shards
     model.load_state_dict(checkpoint["state_dict"])
     return model
+
+
+def check_sizes(checkpoint: dict[str, Any], module_class: type, ckpt_path: str) -> None:
+    """The module its settings build has the shapes of the checkpoint's tensors: built on the
+    meta device first (no memory), so that settings naming a larger network than the
+    checkpoint holds are refused before anything is allocated."""
+    try:
+        with torch.device("meta"):
+            model = module_class(**module_arguments(checkpoint, module_class))
+    except UserError as err:
+        raise UserError(f"{ckpt_path}: {err}") from None
+    except Exception as err:  # settings that build nothing: any kind a constructor raises
+        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UserError(f"{ckpt_path}: its settings build no module ({first_line[:200]}).") from err
+    fix = "Its settings do not fit its weights: it was not written by train.py."
+    check_same_shapes(checkpoint["state_dict"], model.state_dict(), ckpt_path, fix)
 
 
 def class_path(cls: type) -> str:
@@ -458,11 +567,20 @@ def check_same_dataset(
         )
 
 
-def check_same_shapes(saved: dict[str, Any], current: dict[str, Any], ckpt_path: str) -> None:
+def check_same_shapes(
+    saved: dict[str, Any],
+    current: dict[str, Any],
+    ckpt_path: str,
+    fix: str = "Use the model config it was trained with (its run dir's .hydra/config.yaml).",
+) -> None:
+    if not isinstance(saved, Mapping):
+        raise UserError(f"{ckpt_path} holds a state_dict that is no dict of tensors. {FIX}")
     differences = [
-        f"{k}: checkpoint {list(saved[k].shape)}, model {list(v.shape)}"
+        f"{k}: checkpoint {list(getattr(saved[k], 'shape', []))}, model {list(v.shape)}"
         for k, v in current.items()
-        if k in saved and hasattr(v, "shape") and tuple(saved[k].shape) != tuple(v.shape)
+        if k in saved
+        and hasattr(v, "shape")
+        and tuple(getattr(saved[k], "shape", ())) != tuple(v.shape)
     ]
     differences += [f"missing {k}" for k in current if k not in saved]
     differences += [f"unexpected {k}" for k in saved if k not in current]
@@ -470,6 +588,5 @@ def check_same_shapes(saved: dict[str, Any], current: dict[str, Any], ckpt_path:
         shown = "; ".join(differences[:4]) + (" ..." if len(differences) > 4 else "")
         raise UserError(
             f"{ckpt_path} holds another architecture than the configured model "
-            f"({len(differences)} difference(s): {shown}). Use the model config it was trained "
-            f"with (its run dir's .hydra/config.yaml)."
+            f"({len(differences)} difference(s): {shown}). {fix}"
         )

@@ -150,6 +150,7 @@ def checked_checkpoint(
             meta = torch.load(Path(ckpt_path, "meta.pt"), map_location="cpu", weights_only=True)
         except Exception as err:  # torch.load raises many kinds on foreign bytes
             raise UserError(f"ckpt_path={ckpt_path}: its meta.pt does not read ({err}).") from err
+        checkpoints.check_callback_paths(meta, f"ckpt_path={ckpt_path}")
         warn_of_ignored_settings(meta, model, ckpt_path)
         return ckpt_path, None
     checkpoint = checkpoints.read_checkpoint(ckpt_path)

@@ -2,7 +2,16 @@
 
 import pytest
 import torch
-from helpers import CRAFTED, REFUSED, crafted_checkpoint, photo, write_cnn_checkpoint
+from helpers import (
+    CRAFTED,
+    LEGACY_CRAFTS,
+    REFUSED,
+    compose_config,
+    crafted_checkpoint,
+    free_port,
+    photo,
+    write_cnn_checkpoint,
+)
 
 from litforge.data.images import decode, fit
 from litforge.deploy.inference import InputContract, load_classifier
@@ -17,6 +26,38 @@ def test_a_checkpoint_builds_only_listed_networks(tmp_path, craft):
     path, made = crafted_checkpoint(trained, craft, tmp_path)
     with pytest.raises(UserError, match=REFUSED):
         load_classifier(path)
+    assert not any(made.iterdir())
+
+
+@pytest.mark.parametrize("entry", ["predict.py", "export.py", "serve.py"])
+@pytest.mark.parametrize(("under", "craft"), LEGACY_CRAFTS)
+def test_settings_under_lightnings_other_keys_are_checked_alike(
+    tmp_path, monkeypatch, under, craft, entry
+):
+    """What Lightning's loading also takes from the legacy keys `hparams` and
+    `module_arguments`, or as one argument named by `hparams_name`, is checked before anything
+    is built, by each command that reads a checkpoint."""
+    from litforge.deploy import serve as serve_module
+    from litforge.deploy.export import export
+    from litforge.deploy.predict import predict
+    from litforge.deploy.serve import serve
+
+    def loaded(contract):  # what serve.py does once the model loaded: no server started here
+        raise AssertionError("the crafted checkpoint loaded")
+
+    monkeypatch.setattr(serve_module, "_warm_up", loaded)
+
+    trained = write_cnn_checkpoint(tmp_path / "cnn.ckpt", 32)
+    path, made = crafted_checkpoint(trained, craft, tmp_path, under=under)
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "a.jpg").write_bytes(photo(0, 64, 48))
+    command, run = {"predict.py": ("predict", predict), "export.py": ("export", export)}.get(
+        entry, ("serve", serve)
+    )
+    extra = {"predict": [f"input={tmp_path / 'images'}"], "serve": [f"server.port={free_port()}"]}
+    extra = extra.get(command, [])
+    with pytest.raises(UserError, match=REFUSED):
+        run(compose_config(command, tmp_path / command, [f"ckpt_path={path}", *extra]))
     assert not any(made.iterdir())
 
 

@@ -22,6 +22,9 @@ INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "nearest-exact")  # torchvis
 # More pixels than this and a file is refused before it is decoded: a few MB of PNG can unpack
 # into gigabytes. Pillow's own limit (`Image.MAX_IMAGE_PIXELS`), about 9,460 x 9,460.
 MAX_IMAGE_PIXELS = 89_478_485
+# The largest side a model takes (data.image_size, a checkpoint's input shape): one 4096 px RGB
+# image is 200 MB as floats.
+MAX_IMAGE_SIZE = 4096
 
 
 class BadImageError(ValueError):

@@ -108,9 +108,18 @@ class ClassificationModule(L.LightningModule):
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, *args: Any, **kwargs: Any):
         """Lightning's, once `checkpoints.read_checkpoint` has checked a local file: a checkpoint
-        is data, and builds only what `litforge.models` registers."""
-        if isinstance(checkpoint_path, (str, os.PathLike)) and os.path.exists(checkpoint_path):
-            checkpoints.read_checkpoint(checkpoint_path)
+        is data, and builds only what `litforge.models` registers, of the sizes it holds."""
+        if not isinstance(checkpoint_path, (str, os.PathLike)) or not os.path.isfile(
+            checkpoint_path
+        ):
+            raise UserError(
+                f"load_from_checkpoint: {str(checkpoint_path)[:200]!r} is no local file: the "
+                f"checks that a checkpoint builds only what litforge.models lists read local "
+                f"files. Download it first."
+            )
+        checkpoint = checkpoints.read_checkpoint(checkpoint_path)
+        checkpoints.check_registered(checkpoint, str(checkpoint_path), cls)
+        checkpoints.check_sizes(checkpoint, cls, str(checkpoint_path))
         return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
