@@ -18,9 +18,12 @@ from helpers import (
     ROOT,
     assert_same_run,
     compose_config,
+    final_state,
     run_in_process,
     run_script,
+    small_cnn_args,
     tiny_run_args,
+    write_image_folder,
 )
 
 from litforge.checkpoints import AtomicCheckpointIO
@@ -122,6 +125,43 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(
     # the CSV log as the uninterrupted run's: one learning rate per epoch, none repeated
     rates = [[row for row in csv_rows(r) if "lr-AdamW" in row] for r in (run, uninterrupted)]
     assert rates[0] == rates[1] and len(rates[0]) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("data", ["image_folder", "in_memory"])
+def test_a_run_resumed_from_an_epochs_end_trains_as_an_uninterrupted_one(
+    tmp_path, idx_data_dir, data
+):
+    # epoch_000.ckpt is written at epoch 0's end (last.ckpt there too): the loader has no state
+    # left to restore, and image folders' workers start reading before Lightning sets the epoch.
+    if data == "image_folder":
+        counts = {"train": {name: 24 for name in "abcd"}}
+        images = write_image_folder(tmp_path / "images", counts, size=(128, 160))
+        args = [
+            *small_cnn_args(images),
+            "data.num_workers=2",
+            "data.image_size=32",
+            "data.batch_size=16",
+            "data.crop_scale=[0.35,1]",
+            "data.horizontal_flip=true",
+            "model.net.dropout=0.3",
+            "trainer.deterministic=true",
+            "trainer.accelerator=cpu",
+            "extras.print_config=false",
+        ]
+    else:
+        args = tiny_run_args(idx_data_dir, None, *RESUMABLE, "data.batch_size=50")
+    args += ["trainer.max_epochs=2", "callbacks.model_checkpoint.save_top_k=-1"]  # all kept
+    epoch_end = tmp_path / "uninterrupted" / "checkpoints" / "epoch_000.ckpt"
+    for name, extra in (("uninterrupted", []), ("resumed", [f"ckpt_path={epoch_end}"])):
+        result = run_script("train.py", *args, f"hydra.run.dir={tmp_path / name}", *extra)
+        assert result.returncode == 0, result.stderr[-3000:]
+    # (Not the test metrics: a run resumed into a new folder picks its best checkpoint anew.)
+    step, weights, _ = final_state(tmp_path / "resumed")
+    step_ref, weights_ref, _ = final_state(tmp_path / "uninterrupted")
+    assert step == step_ref
+    for name, value in weights_ref.items():
+        torch.testing.assert_close(weights[name], value, rtol=0, atol=0, msg=name)
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import torch
 from helpers import (
     band_image,
     compose_config,
+    fit_loop_at,
     png_bomb,
     run_in_process,
     train_recording_samples,
@@ -176,6 +177,25 @@ def test_the_loader_resumes_mid_epoch_with_the_next_batch(tmp_path):
         assert torch.equal(a, b) and torch.equal(la, lb)
 
 
+def test_a_training_loader_starts_at_the_epoch_the_trainer_is_at(tmp_path):
+    # Its workers read ahead before Lightning sets the epoch: a run resumed from an epoch's end
+    # (no loader state to restore) read epoch 0's samples again. The whole run: test_resume.py.
+    dm = make(folder(tmp_path, train=12), batch_size=4, crop_scale=[0.5, 1], num_workers=2)
+    dm.setup("fit")
+    reference = dm.train_dataloader()
+    reference.sampler.set_epoch(3)
+    expected = batches_of(dm, reference)
+    cpu = SimpleNamespace(root_device=torch.device("cpu"))
+    dm.trainer = SimpleNamespace(
+        current_epoch=3, distributed_sampler_kwargs=None, strategy=cpu, fit_loop=fit_loop_at(3)
+    )
+    loader = dm.train_dataloader()
+    iterator = iter(loader)  # as Lightning does: the workers read ahead, then the epoch is set
+    loader.sampler.set_epoch(3)
+    for (a, la), (b, lb) in zip(batches_of(dm, iterator), expected, strict=True):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
 def test_processes_share_out_each_epoch(tmp_path):
     root = folder(tmp_path, train=9)
     seen = []
@@ -186,6 +206,7 @@ def test_processes_share_out_each_epoch(tmp_path):
         dm.trainer = SimpleNamespace(
             distributed_sampler_kwargs=shard,
             strategy=SimpleNamespace(root_device=torch.device("cpu")),
+            fit_loop=fit_loop_at(0),
         )
         seen.append([index for index, _, _ in dm.train_dataloader().sampler])
     assert len(seen[0]) == len(seen[1]) == 11  # 3 × 7 training images, evened out by one

@@ -130,6 +130,15 @@ class DataModule(L.LightningDataModule):
         """`num_replicas` and `rank` of this process under DDP; empty otherwise."""
         return (self.trainer.distributed_sampler_kwargs if self.trainer is not None else None) or {}
 
+    def training_epoch(self) -> int:
+        """The epoch a training loader built now serves first: the one Lightning gives its
+        sampler's `set_epoch` next. A loader's workers start reading when Lightning builds it,
+        before that call (Lightning #21938): a run resumed from an epoch's end, which restores no
+        loader state, would read epoch 0's samples again. So loaders set it on their sampler."""
+        if self.trainer is None:
+            return 0
+        return self.trainer.fit_loop.epoch_progress.current.processed
+
     # The training batches of the current epoch augmented so far, which seed the next one's
     # draws: checkpointed by Lightning (`state_dict`), so a run resumed mid-epoch draws the same.
     augmented = {"epoch": -1, "batches": 0}
@@ -326,6 +335,7 @@ class InMemoryImageDataModule(DataModule):
         dataset = TensorImages(images.to(device), labels.to(device))
         if train:
             sampler = EpochSampler(len(dataset), seed=self.hparams.seed or 0, **self.shard())
+            sampler.set_epoch(self.training_epoch())
         else:
             sampler = evaluation_sampler(len(dataset), **self.shard())
         return StatefulDataLoader(

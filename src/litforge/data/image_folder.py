@@ -447,6 +447,7 @@ class ImageFolderDataModule(ImageDataModule):
             sampler = EpochSampler(
                 len(paths), seed=hp.seed or 0, weights=weights, keyed=True, **self.shard()
             )
+            sampler.set_epoch(self.training_epoch())
         else:
             sampler = evaluation_sampler(len(paths), **self.shard())
         return StatefulDataLoader(

@@ -1,6 +1,7 @@
 """Which samples each process reads in an epoch: torch's `DistributedSampler`, given `num_replicas`
 and `rank` (1 and 0 in one process, where it needs no process group), so Lightning replaces no
-sampler of ours and calls `set_epoch` on it before every epoch, resumed ones included."""
+sampler of ours and calls `set_epoch` on it before every epoch, resumed ones included. (Our
+loaders set the first one already when built: `DataModule.training_epoch`.)"""
 
 import itertools
 
