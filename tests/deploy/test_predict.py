@@ -152,3 +152,11 @@ def test_cli_predicts_a_glob_with_an_exported_model(tmp_path, trained_images, ex
             )
             compared += 1
     assert compared == 3 * 4  # the test PNGs the glob matched
+
+
+def test_model_path_of_a_text_file_is_named_as_model_path(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a model")
+    overrides = [f"model_path={notes}", f"input={ROOT / 'README.md'}"]
+    with pytest.raises(UserError, match=f"^model_path={notes} is neither a .onnx nor a .pt2"):
+        predict(compose_config("predict", tmp_path, overrides))
