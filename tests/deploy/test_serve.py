@@ -15,8 +15,11 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
+from fastapi import Request
 from helpers import (
     ROOT,
     TEST_NETWORKS,
@@ -374,3 +377,128 @@ def test_a_request_given_up_on_leaves_no_answer_behind():
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 504
     assert json.loads(sent[1]["body"]) == {"detail": "no answer within server.timeout=0.05 seconds"}
     assert list(answers) == ["someone-else"]
+
+
+def upload(data: bytes, state) -> Request:
+    """A POST /predict of `data` as the HTTP process receives it, for an app whose state is
+    `state`."""
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/predict",
+        "headers": [(b"content-length", str(len(data)).encode())],
+        "app": SimpleNamespace(state=state),
+    }
+
+    async def receive():
+        return {"type": "http.request", "body": data, "more_body": False}
+
+    return Request(scope, receive)
+
+
+async def settle() -> None:
+    """Let every task run until it waits for something only the test sets (no I/O, no clock)."""
+    for _ in range(100):
+        await asyncio.sleep(0)
+
+
+def test_concurrent_uploads_decode_within_the_pixel_budget(monkeypatch):
+    """24 concurrent uploads of 9000x9000 PNGs (81 KB each, under server.max_image_pixels; 81 M
+    pixels, 243 MB once decoded): at most `server.max_decode_pixels` of them are decoded at once,
+    the others wait their turn in order, and each gets its image. (24 at once took a server from
+    1.9 to 7.6 GB.) The decoding thread is stood in for by one the test lets finish."""
+    from litforge.deploy import serve as serve_module
+
+    data = png_bomb(9000, 9000)
+    contract = InputContract(3, 224, (0.5,) * 3, (0.25,) * 3)
+    budget = serve_module.DecodeBudget(2 * 9000 * 9000 + 1000)  # room for two
+    state = SimpleNamespace(image_input=(contract, LIMIT, 89_478_485), decode_budget=budget)
+    decoding: list[tuple[int, asyncio.Event]] = []  # (upload, its thread's end) being decoded now
+    order = []
+
+    async def decoding_thread(function, contract, data, max_pixels):
+        assert function is serve_module._prepared_array
+        done = asyncio.Event()
+        number = len(order)
+        order.append(number)
+        decoding.append((number, done))
+        await done.wait()
+        decoding.remove((number, done))
+        return np.full((3, 224, 224), number, dtype=np.uint8)
+
+    monkeypatch.setattr(serve_module, "run_in_threadpool", decoding_thread)
+
+    async def uploads() -> list:
+        requests = []
+        for _ in range(24):
+            requests.append(
+                asyncio.create_task(serve_module.image_from_request(upload(data, state)))
+            )
+            await settle()  # they arrive in this order
+        most = 0
+        while decoding:
+            most = max(most, len(decoding))
+            assert len(decoding) <= 2 and budget.in_use == 9000 * 9000 * len(decoding)
+            decoding[0][1].set()  # the oldest decode ends
+            await settle()
+        assert most == 2
+        assert all(request.done() for request in requests)  # none left waiting
+        return await asyncio.gather(*requests)
+
+    images = asyncio.run(uploads())
+    assert [int(image[0, 0, 0]) for image in images] == list(range(24))  # first come first served
+    assert budget.in_use == 0 and not budget.waiting
+
+
+def test_a_request_given_up_on_keeps_its_pixels_counted_until_its_decoding_ends(monkeypatch):
+    """A request that times out (504) or whose client leaves is cancelled: waiting, it leaves the
+    line; decoding, its thread runs on, and its pixels stay counted until the thread ends."""
+    from litforge.deploy import serve as serve_module
+
+    data = photo(0)  # 640x480
+    contract = InputContract(3, 128, (0.5,) * 3, (0.25,) * 3)
+    budget = serve_module.DecodeBudget(2 * 640 * 480)
+    threads: list[asyncio.Event] = []
+
+    async def decoding_thread(function, contract, data, max_pixels):
+        done = asyncio.Event()
+        threads.append(done)
+        await done.wait()
+        return function(contract, data, max_pixels)
+
+    monkeypatch.setattr(serve_module, "run_in_threadpool", decoding_thread)
+
+    async def requests() -> np.ndarray:
+        def request():
+            return asyncio.create_task(serve_module.prepare_within(budget, contract, data, 10**8))
+
+        first, second, third = request(), request(), request()
+        await settle()
+        assert len(threads) == 2 and len(budget.waiting) == 1
+        third.cancel()  # waiting: out of the line
+        await settle()
+        assert not budget.waiting and budget.in_use == 2 * 640 * 480
+        first.cancel()  # decoding: its thread goes on
+        fourth = request()
+        await settle()
+        assert budget.in_use == 2 * 640 * 480 and len(budget.waiting) == 1
+        threads[0].set()  # the given-up request's decoding ends: the fourth's turn
+        await settle()
+        assert len(threads) == 3 and not budget.waiting
+        for done in threads[1:]:
+            done.set()
+        await settle()
+        assert budget.in_use == 0 and first.cancelled() and third.cancelled()
+        return (await second, await fourth)
+
+    second, fourth = asyncio.run(requests())
+    assert second.shape == fourth.shape == (3, 128, 128)
+
+
+def test_a_decode_budget_below_the_largest_image_is_a_one_line_error(tmp_path):
+    overrides = ["ckpt_path=a.ckpt", "server.max_decode_pixels=1000000"]
+    with pytest.raises(
+        UserError,
+        match=r"server\.max_decode_pixels=1000000 is below server\.max_image_pixels=89478485",
+    ):
+        serve(compose_config("serve", tmp_path, overrides))

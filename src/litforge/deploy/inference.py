@@ -34,6 +34,14 @@ from litforge.data.images import (
 from litforge.errors import UserError
 
 METADATA_KEY = "litforge"  # the key of the metadata in model.onnx and model.pt2
+EXPORTED = (".onnx", ".pt2")
+# The largest side of a model's input that a file may name: images are fitted to it before the
+# model runs, so a crafted size would allocate gigabytes per image (8000 px: 1.4 GB).
+MAX_INPUT_SIZE = 4096
+
+
+class InputError(ValueError):
+    """An input contract litforge cannot prepare images for (what a file says is impossible)."""
 
 
 class ImageClassifier(nn.Module):
@@ -61,9 +69,20 @@ class InputContract:
     std: tuple[float, ...]
     interpolation: str = "bilinear"  # training's `data.interpolation`
 
-    def __post_init__(self) -> None:  # read from a file: a value torchvision cannot use is refused
+    def __post_init__(self) -> None:  # read from a file: checked before any image is fitted to it
+        if self.channels not in (1, 3) or isinstance(self.channels, bool):
+            raise InputError(
+                f"images of {self.channels} channels: litforge prepares 1 (gray) or 3 (RGB)"
+            )
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+            raise InputError(f"images of {self.size!r} px, not a positive integer")
+        if self.size > MAX_INPUT_SIZE:
+            raise InputError(
+                f"images of {self.size} px, more than the {MAX_INPUT_SIZE} px litforge fits "
+                f"images to"
+            )
         if self.interpolation not in INTERPOLATIONS:
-            raise ValueError(f"interpolation {self.interpolation!r} is none of {INTERPOLATIONS}")
+            raise InputError(f"interpolation {self.interpolation!r} is none of {INTERPOLATIONS}")
 
     def prepare(self, data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> torch.Tensor:
         """An image file's bytes as the model's input (uint8 C×H×W): decoded, converted to the
@@ -88,11 +107,11 @@ class InputContract:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> InputContract:
-        _, channels, size, _ = values["shape"]
+        _, channels, height, width = values["shape"]
+        if height != width:
+            raise InputError(f"non-square {height}x{width} images")
         interpolation = values.get("interpolation", "bilinear")  # not in older exports
-        return cls(
-            int(channels), int(size), tuple(values["mean"]), tuple(values["std"]), interpolation
-        )
+        return cls(channels, height, tuple(values["mean"]), tuple(values["std"]), interpolation)
 
 
 @dataclass
@@ -161,6 +180,11 @@ def load_classifier(
     path = Path(path).expanduser()
     if not path.exists():
         raise UserError(f"{key}={path}: no such file.")
+    if key == "model_path" and path.suffix not in EXPORTED:
+        raise UserError(
+            f"model_path={path} is neither a .onnx nor a .pt2 file: give the model.onnx or "
+            f"model.pt2 export.py wrote, or a checkpoint as ckpt_path=<file>."
+        )
     if path.suffix == ".onnx":
         return _load_onnx(path, key)
     if path.suffix == ".pt2":
@@ -208,15 +232,41 @@ def _load_checkpoint(path: Path, device: torch.device, compile: bool, key: str):
     return LoadedClassifier(path, "checkpoint", contract, _names(hp), classifier, device)
 
 
-def _from_metadata(path: Path, text: str | None, key: str) -> tuple[InputContract, list[str]]:
+AGAIN = (
+    "the file was altered or its metadata comes from another model: export it again with export.py"
+)
+
+
+def _from_metadata(
+    path: Path, text: str | None, key: str, graph_input: list, graph_classes: int | None
+) -> tuple[InputContract, list[str]]:
+    """The contract and class names in an exported file's metadata, checked against its graph
+    (`graph_input`: the input's dtype and shape, None for a free dimension; `graph_classes`: the
+    scores it gives): the graph is what runs, the metadata only says how to prepare images."""
     try:
         metadata = json.loads(text or "")
-        return InputContract.from_dict(metadata["input"]), list(metadata["class_names"])
+        contract, names = InputContract.from_dict(metadata["input"]), metadata["class_names"]
+        if not all(isinstance(name, str) for name in names):
+            raise TypeError("class names that are no strings")
+    except InputError as err:
+        raise UserError(f"{key}={path}: its metadata says {err}; {AGAIN}.") from None
     except (ValueError, KeyError, TypeError):
         raise UserError(
             f"{key}={path} holds no litforge metadata (class names, input contract): use a "
             f"file export.py wrote."
         ) from None
+    said = [None, contract.channels, contract.size, contract.size]
+    dtype, shape = graph_input
+    fits = dtype == "uint8" and len(shape) == 4
+    fits = fits and all(g is None or g == s for g, s in zip(shape[1:], said[1:], strict=True))
+    if not fits or graph_classes not in (None, len(names)):
+        takes = "x".join("?" if g is None else str(g) for g in shape[1:])
+        raise UserError(
+            f"{key}={path}: its metadata says {contract.channels}x{contract.size}x{contract.size} "
+            f"images and {len(names)} classes, but its graph takes {takes} images ({dtype}) and "
+            f"gives {graph_classes or '?'} scores; {AGAIN}."
+        )
+    return contract, list(names)
 
 
 def _load_onnx(path: Path, key: str) -> LoadedClassifier:
@@ -229,8 +279,15 @@ def _load_onnx(path: Path, key: str) -> LoadedClassifier:
     except Exception as err:  # onnxruntime's own error types
         raise UserError(f"{key}={path} is not a readable ONNX model ({err}).") from None
     metadata = session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
-    contract, names = _from_metadata(path, metadata, key)
-    input_name = session.get_inputs()[0].name
+    inputs, outputs = session.get_inputs(), session.get_outputs()
+    if len(inputs) != 1 or len(outputs) != 1 or len(outputs[0].shape) != 2:
+        raise UserError(f"{key}={path} takes or gives other than one tensor: {AGAIN}.")
+    dtype = inputs[0].type.removeprefix("tensor(").removesuffix(")")  # tensor(uint8)
+    static = [d if isinstance(d, int) else None for d in inputs[0].shape]  # names: free ones
+    classes = outputs[0].shape[1]
+    classes = classes if isinstance(classes, int) else None
+    contract, names = _from_metadata(path, metadata, key, [dtype, static], classes)
+    input_name = inputs[0].name
 
     def run(images: torch.Tensor) -> torch.Tensor:
         (logits,) = session.run(None, {input_name: images.contiguous().numpy()})
@@ -245,11 +302,28 @@ def _load_pt2(path: Path, device: torch.device, key: str) -> LoadedClassifier:
         program = torch.export.load(path, extra_files=extra)
     except Exception as err:  # a zip that is no exported program, or no zip at all
         raise UserError(f"{key}={path} is not a readable torch.export file ({err}).") from None
-    contract, names = _from_metadata(path, extra[METADATA_KEY], key)
+    contract, names = _from_metadata(path, extra[METADATA_KEY], key, *_pt2_signature(program))
     if device.type != "cpu":  # parameters and the constants baked into the graph alike
         program = torch.export.passes.move_to_device_pass(program, device)
     module = program.module()
     return LoadedClassifier(path, "pt2", contract, names, module, device)
+
+
+def _pt2_signature(program) -> tuple[list, int | None]:
+    """The exported program's input ([dtype, shape], None for a free dimension) and the number
+    of scores it gives (None: free), from the example values the exporter recorded."""
+    nodes = {node.name: node for node in program.graph.nodes}
+    signature = program.graph_signature
+    values = [
+        nodes[name].meta.get("val") for name in (*signature.user_inputs, *signature.user_outputs)
+    ]
+    if len(values) != 2 or not all(isinstance(v, torch.Tensor) for v in values):
+        return ["?", []], None  # no single tensor in and out: refused as a mismatch
+    images, logits = values
+    static = [d if isinstance(d, int) else None for d in images.shape]  # SymInt: a free one
+    classes = logits.shape[1] if logits.ndim == 2 else 0  # not N×K: refused as a mismatch
+    classes = classes if isinstance(classes, int) else None
+    return [str(images.dtype).removeprefix("torch."), static], classes
 
 
 def top_k(

@@ -12,11 +12,13 @@ from __future__ import annotations
 import csv
 import logging
 import math
+import unicodedata
 from collections import Counter
 from pathlib import Path
 
 import rich
 import rich.table
+import rich.text
 import torch
 from omegaconf import DictConfig
 from rich.progress import track
@@ -38,6 +40,21 @@ from litforge.errors import UserError, number_problem
 log = logging.getLogger(__name__)
 
 ON_BAD_FILE = ("skip", "error")
+# What makes a spreadsheet read a cell as a formula (OWASP's CSV injection guidance).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def shown(text: str) -> str:
+    """`text` with its control characters written out (ESC as \\x1b): a terminal or spreadsheet
+    that shows it runs none of them."""
+    return "".join(f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" else c for c in text)
+
+
+def text_cell(text: object) -> str:
+    """Text from the data (a class name, a file name) as a CSV cell that spreadsheets show as
+    text: control characters written out, and a `'` before a cell that starts like a formula."""
+    text = str(text)
+    return f"'{shown(text)}" if text.startswith(FORMULA_STARTS) else shown(text)
 
 
 class ImageFileInputs(Dataset):
@@ -128,15 +145,9 @@ def predict(cfg: DictConfig) -> Counter:
                 for index, best in zip(
                     indices, top_k(probabilities, k, model.class_names), strict=True
                 ):
+                    ranked = [(text_cell(name), f"{p:.6f}") for name, p in best]
                     writer.writerow(
-                        [
-                            files[index],
-                            *(
-                                f"{v:.6f}" if isinstance(v, float) else v
-                                for pair in best
-                                for v in pair
-                            ),
-                        ]
+                        [text_cell(files[index]), *(v for pair in ranked for v in pair)]
                     )
                     counts[best[0][0]] += 1
         if not counts:
@@ -153,7 +164,7 @@ def summarize(counts: Counter, skipped: int, output: Path) -> None:
     table.add_column("class")
     table.add_column("images", justify="right")
     for name, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
-        table.add_row(name, str(count))
+        table.add_row(rich.text.Text(shown(name)), str(count))  # Text: no console markup
     rich.print(table)
     if skipped:
         print(f"Skipped {skipped} unreadable file(s): named in the log.")

@@ -8,6 +8,8 @@ batching).
   then `ok` (200).
 - A body that is no image, empty, of more than `server.max_image_pixels` pixels (read from its
   header: never decoded), or over `server.max_body_bytes`: 400 or 413 with the reason.
+- At most `server.max_decode_pixels` pixels are decoded at once in an HTTP process
+  (`DecodeBudget`): an upload that would go over waits its turn, within `server.timeout`.
 - No answer within `server.timeout` seconds of the request's arrival: 504 (`AnswerWithin`).
 - SIGTERM or Ctrl+C: every process of the server stops, requests in flight given `GRACE`.
 
@@ -20,6 +22,7 @@ never get into a batch. The model process stacks whatever requests arrived withi
 # No `from __future__ import annotations`: FastAPI reads `decode_request`'s annotation as an object.
 
 import asyncio
+import collections
 import contextvars
 import io
 import logging
@@ -40,7 +43,7 @@ from omegaconf import DictConfig
 from starlette.concurrency import run_in_threadpool
 
 from litforge.console import print_config
-from litforge.data.images import BadImageError
+from litforge.data.images import BadImageError, check_header, header_size
 from litforge.deploy.inference import InputContract, load_classifier, model_source, top_k
 from litforge.errors import UserError, number_problem
 
@@ -79,6 +82,68 @@ async def _form_file(request: Request, body: bytes) -> bytes:
     return await upload.read()
 
 
+class DecodeBudget:
+    """The pixels being decoded at once in one HTTP process, at most `pixels`: uploads come in
+    concurrently, and each decodes into 3 bytes a pixel (24 legal 9000x9000 PNGs of 236 KB:
+    6 GB at once). A request whose image would go over the budget waits for its turn, first come
+    first served; its image's size is read from the file's header, before decoding. Runs in the
+    process's event loop only (no lock needed)."""
+
+    def __init__(self, pixels: int) -> None:
+        self.pixels, self.in_use = pixels, 0
+        self.waiting: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
+
+    async def acquire(self, pixels: int) -> int:
+        """Wait until `pixels` (at most the budget) may be decoded; returns what to release."""
+        pixels = min(pixels, self.pixels)
+        if not self.waiting and self.in_use + pixels <= self.pixels:
+            self.in_use += pixels
+            return pixels
+        turn = asyncio.get_running_loop().create_future()
+        self.waiting.append((pixels, turn))
+        try:
+            await turn
+        except asyncio.CancelledError:  # the request was given up (504) or its client left
+            if turn.done() and not turn.cancelled():  # granted just before: handed back
+                self.release(pixels)
+            else:
+                self.waiting.remove((pixels, turn))
+                self._grant()  # the next in line may fit now
+            raise
+        return pixels
+
+    def release(self, pixels: int) -> None:
+        self.in_use -= pixels
+        self._grant()
+
+    def _grant(self) -> None:
+        while self.waiting and self.in_use + self.waiting[0][0] <= self.pixels:
+            pixels, turn = self.waiting.popleft()
+            self.in_use += pixels
+            turn.set_result(None)
+
+
+async def prepare_within(
+    budget: DecodeBudget, contract: InputContract, data: bytes, max_pixels: int
+) -> np.ndarray:
+    """`data` prepared as the model's input on a thread, once `budget` has room for its pixels."""
+    check_header(data, max_pixels)  # an image over the limit is refused before it waits
+    size = header_size(data)
+    # No size in the header (a format Pillow does not know): charged the most an image may have.
+    granted = await budget.acquire(size[0] * size[1] if size else max_pixels)
+    decoding = asyncio.ensure_future(run_in_threadpool(_prepared_array, contract, data, max_pixels))
+
+    def done(task: asyncio.Future) -> None:
+        # When the thread ends, not when the request does: a request given up (504) leaves its
+        # thread decoding, and those pixels are in memory until then.
+        budget.release(granted)
+        if not task.cancelled():
+            task.exception()  # retrieved: an error nobody awaits any more is not logged
+
+    decoding.add_done_callback(done)
+    return await asyncio.shield(decoding)
+
+
 async def image_from_request(request: Request) -> np.ndarray:
     """The uploaded image as the model's input (uint8 C×H×W), or an HTTPException saying what is
     wrong with the request. (A FastAPI dependency of `decode_request`: runs in the HTTP process.)
@@ -86,13 +151,14 @@ async def image_from_request(request: Request) -> np.ndarray:
     shared-memory handle, one per request)."""
     contract: InputContract
     contract, limit, max_pixels = request.app.state.image_input
+    budget: DecodeBudget = request.app.state.decode_budget
     data = await _body(request, limit)  # the limit holds for forms too, with or without a length
     if request.headers.get("content-type", "").startswith("multipart/form-data"):
         data = await _form_file(request, data)
     if not data:
         raise HTTPException(400, "the request has no body: send the image file's bytes.")
     try:  # torch work off the event loop: /health and other requests are answered meanwhile
-        return await run_in_threadpool(_prepared_array, contract, data, max_pixels)
+        return await prepare_within(budget, contract, data, max_pixels)
     except BadImageError as err:
         raise HTTPException(400, f"the body is no usable image: {err}.") from None
 
@@ -229,12 +295,21 @@ def check_settings(server: DictConfig, k: Any) -> None:
         number_problem("server.batch_timeout", server.batch_timeout),
         number_problem("server.max_body_bytes", server.max_body_bytes, integer=True, minimum=1),
         number_problem("server.max_image_pixels", server.max_image_pixels, integer=True, minimum=1),
+        number_problem(
+            "server.max_decode_pixels", server.max_decode_pixels, integer=True, minimum=1
+        ),
         number_problem("server.workers", server.workers, integer=True, minimum=1),
         number_problem("server.timeout", server.timeout, above=True),
     )
     for problem in problems:
         if problem:
             raise UserError(problem)
+    if server.max_decode_pixels < server.max_image_pixels:
+        raise UserError(
+            f"server.max_decode_pixels={server.max_decode_pixels} is below server."
+            f"max_image_pixels={server.max_image_pixels}: an image of the largest size allowed "
+            f"could never be decoded; raise server.max_decode_pixels."
+        )
     if server.accelerator not in ACCELERATORS:
         raise UserError(
             f"server.accelerator={server.accelerator} is not one of {', '.join(ACCELERATORS)}."
@@ -334,6 +409,8 @@ def _serve(cfg: DictConfig, path: Path, key: str) -> None:
         server_cfg.max_body_bytes,
         server_cfg.max_image_pixels,
     )
+    # Each HTTP process forked from this one has a budget of its own (one per model process).
+    server.app.state.decode_budget = DecodeBudget(server_cfg.max_decode_pixels)
     url = f"http://{server_cfg.host}:{server_cfg.port}"
     log.info(
         f"Serving {path} ({kind}, {classes} classes) at {url}/predict; {url}/health says "
