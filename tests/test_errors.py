@@ -63,7 +63,6 @@ def test_eval_without_checkpoint_says_what_to_add(tmp_path):
         ("model=resnet", "Could not find 'model/resnet'"),
         ("trainer.max_epoch=3", "Could not override 'trainer.max_epoch'"),
         ("+trainer.max_epoch=3", "unexpected keyword argument 'max_epoch'"),
-        ("data=image_folder", "Missing mandatory value: data.root"),
         ("model.net.dropout=1.5", "dropout probability has to be between 0 and 1, but got 1.5"),
     ],
 )
@@ -132,10 +131,20 @@ def test_hydra_full_error_still_shows_the_traceback(tmp_path):
         ("data.val_size=60000", "data.val_size=60000 must be below the 60000 training images"),
         ("trainer.max_epochs=ten", "trainer.max_epochs='ten' is not a number"),
         ("optimized_metric_mode=maximum", "optimized_metric_mode=maximum is neither max nor min"),
+        ("trainer.gradient_clip_val=-1", "trainer.gradient_clip_val=-1 is out of range: expected"),
+        ("model.compile=maybe", "model.compile='maybe' is not a boolean: set model.compile=true"),
+        ("test=1", "test=1 is not a boolean: set test=true or test=false."),
+        ("trainer.accelerator=tpu", "trainer.accelerator=tpu, but this machine has no tpu"),
+        ("trainer.accelerator=quantum", "trainer.accelerator=quantum is not one of: auto, cpu,"),
+        ("data=image_folder", "data.root is not set: give the folder of your images, data.root="),
+        ("data=image_folder data.root=x data.image_size=100000", "data.image_size=100000 is out"),
+        ("data=image_folder data.root=x data.image_size=4097", "at least 1 and at most 4096."),
+        ("data=image_folder data.root=x data.mean=[0,0,0] data.std=[1,0,1]", "data.std=[1, 0, 1]"),
+        ("data=image_folder data.root=x data.mean=[0] data.std=[-1]", "data.std=[-1]: each value"),
     ],
 )
 def test_bad_config_values_are_refused_before_reading_data(tmp_path, override, message):
-    cfg = compose_config("train", tmp_path, ["paths.data_dir=/nonexistent", override])
+    cfg = compose_config("train", tmp_path, ["paths.data_dir=/nonexistent", *override.split()])
     with pytest.raises(UserError, match=re.escape(message)):
         train(cfg)
 
@@ -378,3 +387,94 @@ def test_an_optimizer_or_scheduler_setting_its_class_does_not_take_is_one_line(
     overrides = ["data=mnist", "data.val_size=100", f"paths.data_dir={idx_data_dir}", override]
     with pytest.raises(UserError, match=message):
         train(compose_config("train", tmp_path, overrides))
+
+
+def test_a_data_folder_left_unset_is_one_line(tmp_path):
+    result = run_in_process("train.py", "data=image_folder", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: data.root is not set: give the folder of your images, data.root=<folder> "
+        "(<folder>/<class>/<image>, or <folder>/train/<class>/<image>)."
+    )
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"channels": []}, "model.net.channels=[] gives no convolution blocks: give one or more"),
+        ({"channels": [32, 0]}, "model.net.channels=[32, 0]: each entry is a number of output"),
+        ({"hidden_size": 0}, "model.net.hidden_size=0 is out of range: expected an integer at"),
+        ({"kernel_size": 0}, "model.net.kernel_size=0 is out of range"),
+        ({"pool_size": 0}, "model.net.pool_size=0 is out of range"),
+        ({"convs_per_block": 0}, "model.net.convs_per_block=0 is out of range"),
+    ],
+)
+def test_a_cnn_that_cannot_learn_is_refused(settings, message):
+    from litforge.models.cnn import CNN
+
+    with pytest.raises(UserError, match=re.escape(message)):
+        CNN((3, 32, 32), 10, **settings)
+
+
+def test_an_mlp_layer_of_no_units_is_refused():
+    from litforge.models.mlp import MLP
+
+    with pytest.raises(UserError, match=re.escape("model.net.hidden_sizes=[256, 0]: each entry")):
+        MLP((1, 28, 28), 10, hidden_sizes=[256, 0])
+    MLP((1, 28, 28), 10, hidden_sizes=[])  # no hidden layer: a linear classifier
+
+
+@pytest.mark.parametrize("shape", [[3, 100000, 100000], [3, 32, 5000]])
+def test_eval_refuses_a_checkpoints_image_size_over_the_bound(tmp_path, shape):
+    # The bound of data.image_size holds for a size eval.py takes from a checkpoint, before any
+    # image is read or model built.
+    from litforge.pipeline import data_from_checkpoint
+
+    cfg = compose_config("eval", tmp_path, ["data=image_folder", "data.root=x", "ckpt_path=a.ckpt"])
+    checkpoint = {"hyper_parameters": {"input_shape": shape, "mean": [0.5] * 3, "std": [0.2] * 3}}
+    with pytest.raises(UserError, match=re.escape(f"ckpt_path=a.ckpt has input_shape={shape}")):
+        data_from_checkpoint(cfg, checkpoint)
+    assert cfg.data.image_size is None
+
+
+@pytest.mark.slow  # (a subprocess: DDP's processes would start from it)
+def test_fewer_validation_images_than_processes_is_one_line(tmp_path):
+    from helpers import write_image_folder
+
+    root = write_image_folder(tmp_path / "photos", {".": {"a": 12, "b": 12}})  # 2 for val
+    args = ["data=image_folder", f"data.root={root}", "model=cnn", "strategy=ddp"]
+    args += ["trainer.devices=4", "trainer.accelerator=cpu", "data.num_workers=0"]
+    result = run_script("train.py", *args, f"hydra.run.dir={tmp_path / 'run'}", timeout=240)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: 2 validation images for 4 processes (trainer.devices × trainer.num_nodes): each "
+        "process needs one or more. Add validation images (data.val_fraction, or a val/ "
+        "folder), or use fewer processes."
+    ]
+
+
+@pytest.mark.parametrize("script", ["train.py", "eval.py"])
+def test_a_run_folder_that_cannot_be_made_is_one_line(tmp_path, script):
+    # Under a file; read-only mounts, immutable folders and unwritable ones take the same path
+    # (as root, the tests cannot make a folder unwritable).
+    (tmp_path / "afile").write_text("")
+    folder = tmp_path / "afile" / "run"
+    result = run_in_process(script, f"hydra.run.dir={folder}")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        f"error: cannot write the run folder {folder} (Not a directory): set "
+        f"hydra.run.dir=<a folder you can write>."
+    ]
+
+
+def test_a_failed_run_points_at_no_folder_it_deletes(tmp_path):
+    (tmp_path / "photos").mkdir()  # no images: refused after the config is printed
+    args = ["data=image_folder", f"data.root={tmp_path / 'photos'}"]
+    result = run_in_process("train.py", *args, f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("error: data.root=")
+    assert "Overrides: data=image_folder" in result.stdout + result.stderr
+    assert not (tmp_path / "run").exists()
+    assert str(tmp_path / "run") not in result.stdout + result.stderr

@@ -43,7 +43,10 @@ def test_impossible_combinations_are_refused_before_launch(tmp_path, overrides, 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a GPU-less machine")
 def test_more_gpus_than_exist_is_refused(tmp_path):
     cfg = compose_config("train", tmp_path, ["trainer.accelerator=gpu", "trainer.devices=4"])
-    with pytest.raises(UserError, match="trainer.devices=4, but this machine has 0 GPU"):
+    with pytest.raises(
+        UserError,
+        match="trainer.accelerator=gpu with trainer.devices=4, but this machine has 0 GPU",
+    ):
         check_strategy(cfg)
 
 

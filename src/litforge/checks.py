@@ -14,7 +14,12 @@ NUMBERS = {  # key: what `number_problem` checks it for
     "model.backbone_lr_scale": {},
     "trainer.max_epochs": {"integer": True, "minimum": -1},
     "trainer.accumulate_grad_batches": {"integer": True, "minimum": 1},
+    "trainer.gradient_clip_val": {},
 }
+# Keys that must be true or false: any other value (`maybe`, 1) would be taken as its truth.
+BOOLEANS = ("train", "test", "model.compile", "model.channels_last")
+# What `trainer.accelerator` may be: Lightning's names (`gpu`: CUDA or Apple's MPS).
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 
 
 def check_config(cfg: DictConfig, needs_checkpoint: bool = False) -> None:
@@ -23,6 +28,10 @@ def check_config(cfg: DictConfig, needs_checkpoint: bool = False) -> None:
         value = OmegaConf.select(cfg, key, default=None)
         if value is not None and (problem := number_problem(key, value, **bounds)):
             raise UserError(f"{problem} Set {key}=...")
+    for key in BOOLEANS:
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is not None and not isinstance(value, bool):
+            raise UserError(f"{key}={value!r} is not a boolean: set {key}=true or {key}=false.")
     if cfg.get("train") and OmegaConf.select(cfg, "trainer.max_epochs") == 0:
         raise UserError(
             "trainer.max_epochs=0 trains nothing: set 1 or more (-1: no limit). To test a "
@@ -43,12 +52,34 @@ def check_config(cfg: DictConfig, needs_checkpoint: bool = False) -> None:
             "no checkpoint given: add ckpt_path=<file or folder>, e.g. "
             "logs/train/runs/<run>/checkpoints/last.ckpt"
         )
+    check_accelerator(cfg)
     check_strategy(cfg)
     check_precision(cfg)
 
 
 def accelerator_is_cpu(accelerator: str) -> bool:
     return accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+
+
+def check_accelerator(cfg: DictConfig) -> None:
+    """An accelerator Lightning does not know, or one this machine lacks (but GPUs: counted in
+    `check_strategy`)."""
+    accelerator = cfg.trainer.get("accelerator")
+    if not isinstance(accelerator, str):  # (an Accelerator's config: Lightning checks it)
+        return
+    if accelerator not in ACCELERATORS:
+        raise UserError(
+            f"trainer.accelerator={accelerator} is not one of: {', '.join(ACCELERATORS)}."
+        )
+    if accelerator in ("mps", "tpu"):
+        from lightning.pytorch.accelerators import AcceleratorRegistry
+
+        if not AcceleratorRegistry[accelerator]["accelerator"].is_available():
+            raise UserError(
+                f"trainer.accelerator={accelerator}, but this machine has no {accelerator} "
+                f"(or its library is missing): use trainer.accelerator=auto (a GPU if there is "
+                f"one, else the CPU) or trainer.accelerator=cpu."
+            )
 
 
 def check_strategy(cfg: DictConfig) -> None:
@@ -68,10 +99,14 @@ def check_strategy(cfg: DictConfig) -> None:
             "trainer.sync_batchnorm=true works on GPUs only (torch's SyncBatchNorm). "
             "Remove it for CPU runs."
         )
-    if not on_cpu and isinstance(devices, int) and devices > torch.cuda.device_count():
+    on_cuda = trainer.accelerator in ("cuda", "auto") or (
+        trainer.accelerator == "gpu" and not torch.backends.mps.is_available()
+    )
+    if not on_cpu and on_cuda and isinstance(devices, int) and devices > torch.cuda.device_count():
         raise UserError(
-            f"trainer.devices={devices}, but this machine has {torch.cuda.device_count()} GPU(s). "
-            "Use fewer devices, or trainer.accelerator=cpu."
+            f"trainer.accelerator={trainer.accelerator} with trainer.devices={devices}, but this "
+            f"machine has {torch.cuda.device_count()} GPU(s). Use fewer devices, or "
+            f"trainer.accelerator=cpu."
         )
 
 

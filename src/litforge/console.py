@@ -12,6 +12,7 @@ import rich.tree
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+CONFIG_TREE = "config_tree.log"  # in the run folder: the whole config, resolved
 # Printed first, in this order; any other top-level key follows.
 CONFIG_ORDER = ("data", "model", "strategy", "trainer", "callbacks", "logger", "paths", "extras")
 # Lightning's warnings that say nothing about this run: (message, category).
@@ -31,7 +32,9 @@ def print_config(cfg: DictConfig, save_to: Path) -> None:
     with save_to.open("w") as f:
         rich.print(config_tree(cfg), file=f)
     groups, overrides = _choices()
-    shown = {"Config": " ".join(groups), "Overrides": " ".join(overrides), "Full config": save_to}
+    # Not where the tree went: a run that fails before it writes anything else leaves no folder
+    # (`errors.reported`). `print_metrics` names the file once the run is done.
+    shown = {"Config": " ".join(groups), "Overrides": " ".join(overrides)}
     # Escaped: `callbacks=[a,b]` is no markup. Not highlighted: plain, as the log lines around.
     lines = [f"[bold]{k}:[/] {rich.markup.escape(str(v))}" for k, v in shown.items() if v]
     rich.get_console().print("\n".join(lines), highlight=False, soft_wrap=True)
@@ -70,6 +73,8 @@ def print_metrics(metrics: dict[str, float], output_dir: Path) -> None:
     for name, value in sorted(metrics.items()):
         table.add_row(name, f"{value:.4f}")
     rich.print(table)
+    if (output_dir / CONFIG_TREE).is_file():  # (extras.print_config=false: none)
+        rich.print(f"Full config: {output_dir / CONFIG_TREE}")
     rich.print(f"Run directory: {output_dir}")
 
 

@@ -24,8 +24,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from litforge import checkpoints, resume
 from litforge.callbacks import LogRunConfig
 from litforge.checks import accelerator_is_cpu, check_config
-from litforge.console import print_config, print_metrics, quiet_lightning
-from litforge.data.base import model_arguments
+from litforge.console import CONFIG_TREE, print_config, print_metrics, quiet_lightning
+from litforge.data.base import DataModule, model_arguments
+from litforge.data.images import MAX_IMAGE_SIZE
 from litforge.errors import UserError, user_error
 from litforge.hooks import ChecksFit, LogsRunFiles, PreparesRun
 from litforge.strategies import lost_process_ends_the_job
@@ -51,7 +52,7 @@ def start(cfg: DictConfig) -> None:
     prepare_run(cfg)
     quiet_lightning()  # Hydra's logging is set up by now
     if cfg.extras.get("print_config"):
-        print_config(cfg, save_to=Path(cfg.paths.output_dir) / "config_tree.log")
+        print_config(cfg, save_to=Path(cfg.paths.output_dir) / CONFIG_TREE)
     if cfg.get("seed") is not None:  # `seed=0` is a seed too
         L.seed_everything(cfg.seed, workers=True)
     if rank_zero_only.rank == 0:  # not again in each process DDP starts
@@ -220,6 +221,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if fitting and rank_zero_only.rank == 0:
         warn_unless_loadable(model, datamodule)
     trainer = build_trainer(cfg)
+    evaluated = ["val"] if fitting and trainer.limit_val_batches else []
+    check_shares(datamodule, trainer, evaluated + (["test"] if cfg.get("test") else []))
     if ckpt_path:
         ckpt_path, checkpoint = resume.checked_checkpoint(
             ckpt_path, cfg.paths.output_dir, model, datamodule.hparams.get("name"), fitting
@@ -257,6 +260,22 @@ def train(cfg: DictConfig) -> dict[str, float]:
         test(trainer, model, datamodule, ckpt_path=ckpt_path or None)
         metrics.update(_float_metrics(trainer))
     return finish(cfg, trainer, metrics)
+
+
+def check_shares(datamodule: L.LightningDataModule, trainer: L.Trainer, splits: list[str]) -> None:
+    """Each process evaluates its own share of a split: fewer images than processes would leave
+    one with none (Lightning's sampler asserts in it). Refused before the processes start."""
+    processes = trainer.world_size
+    sizes = datamodule.split_sizes() if isinstance(datamodule, DataModule) else {}
+    for split in splits:
+        count, settings = sizes.get(split, (0, ""))
+        if 0 < count < processes:
+            name = {"val": "validation"}.get(split, split)
+            raise UserError(
+                f"{count} {name} images for {processes} processes (trainer.devices × "
+                f"trainer.num_nodes): each process needs one or more. Add {name} images "
+                f"({settings}), or use fewer processes."
+            )
 
 
 def warn_unless_loadable(model: L.LightningModule, datamodule: L.LightningDataModule) -> None:
@@ -298,6 +317,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     target = cfg.model._target_ if cfg.get("model") else None
     model = checkpoints.load_module(checkpoint, cfg.ckpt_path, target)
     trainer = build_trainer(cfg)
+    check_shares(datamodule, trainer, ["test"])
     test(trainer, model, datamodule)
     return finish(cfg, trainer, _float_metrics(trainer))
 
@@ -308,6 +328,12 @@ def data_from_checkpoint(cfg: DictConfig, checkpoint: dict[str, Any]) -> None:
     if not hp.get("input_shape"):
         return
     channels, height, width = hp["input_shape"]
+    if max(height, width) > MAX_IMAGE_SIZE:  # before a datamodule or model is built that size
+        raise UserError(
+            f"ckpt_path={cfg.ckpt_path} has input_shape={list(hp['input_shape'])}: images of "
+            f"at most {MAX_IMAGE_SIZE} px a side (data.image_size's bound). Evaluate another "
+            f"checkpoint."
+        )
     known = {
         "image_size": height if height == width else None,
         "channels": channels,

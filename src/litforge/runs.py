@@ -2,7 +2,11 @@
 here: resolvers run before the task does."""
 
 import os
+import tempfile
+from pathlib import Path
+from typing import Any
 
+from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 
@@ -30,3 +34,34 @@ def register_resolvers() -> None:
     # `${job_id:<default>}`: the launcher's job id (run folder of every process and restart of
     # one job), else the default (a new `${now:...}` folder).
     OmegaConf.register_new_resolver("job_id", lambda default: job_id() or default, replace=True)
+
+
+class RunFolderCheck(Callback):
+    """`hydra.callbacks` (conf/hydra/default.yaml): a run or sweep folder that cannot be made or
+    written (under a file, on a read-only mount, immutable, not ours) is one `error:` line naming
+    it and exit status 1, before Hydra's own `mkdir` would end in a traceback."""
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        check_writable(config, "hydra.run.dir")
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        check_writable(config, "hydra.sweep.dir")
+
+
+def check_writable(config: Any, key: str) -> None:
+    from litforge.errors import say_error
+
+    try:
+        folder = Path(str(OmegaConf.select(config, key)))
+    except Exception:  # a value that does not resolve: Hydra says so as it always does
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        say_error(
+            f"cannot write the run folder {folder} ({err.strerror or err}): set "
+            f"{key}=<a folder you can write>."
+        )
+        raise SystemExit(1) from None

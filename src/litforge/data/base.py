@@ -114,6 +114,13 @@ class DataModule(L.LightningDataModule):
     def loader(self, split: str, train: bool) -> DataLoader:
         raise NotImplementedError
 
+    def split_sizes(self) -> dict[str, tuple[int, str]]:
+        """The images of the val and test splits known once `inspect()` ran, before any is read,
+        each with the settings that change it: {"val": (2, "data.val_fraction")}. Each process
+        evaluates its own part of a split, and one with none stops the job: the pipeline
+        refuses fewer images than processes before the processes start. Empty: not known."""
+        return {}
+
     def train_dataloader(self) -> DataLoader:
         return self.loader("train", train=True)
 
@@ -251,6 +258,11 @@ class InMemoryImageDataModule(DataModule):
         if crop_padding or horizontal_flip:
             black = [-m / s for m, s in zip(self.mean, self.std, strict=True)]
             self.batch_augment = BatchAugment(crop_padding, horizontal_flip, black)
+
+    def split_sizes(self) -> dict[str, tuple[int, str]]:
+        if self.hparams.num_folds:  # (folds of the whole training split: thousands of images)
+            return {}
+        return {"val": (self.hparams.val_size, "data.val_size")}
 
     def load_split(self, directory: Path, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Read the train or test split from `directory`: uint8 images N×C×H×W, int64 labels N."""

@@ -30,6 +30,7 @@ from litforge.data.images import (
     IMAGE_SUFFIXES,
     INTERPOLATIONS,
     MAX_IMAGE_PIXELS,
+    MAX_IMAGE_SIZE,
     BadImageError,
     SampleTransform,
     channel_stats,
@@ -196,7 +197,7 @@ def check_image_arguments(
     check_number("data.batch_size", batch_size, integer=True, minimum=1)
     check_number("data.max_image_pixels", max_image_pixels, integer=True, minimum=1)
     if image_size is not None:
-        check_number("data.image_size", image_size, integer=True, minimum=1)
+        check_number("data.image_size", image_size, integer=True, minimum=1, maximum=MAX_IMAGE_SIZE)
     check_number("data.num_workers", num_workers, integer=True, minimum=0)
     if channels not in (None, 1, 3):
         raise UserError(f"data.channels={channels!r} is not one of: 1, 3, null (as the images).")
@@ -213,6 +214,13 @@ def check_image_arguments(
         )
     if (mean is None) != (std is None):
         raise UserError("data.mean and data.std go together: give both or neither.")
+    if std is not None and not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in std
+    ):
+        raise UserError(
+            f"data.std={list(std)}: each value must be a number greater than 0 (images are "
+            f"divided by it). Give the channels' standard deviations, or null to compute them."
+        )
     if balance not in BALANCES:
         raise UserError(f"data.balance={balance!r} is not one of: {', '.join(BALANCES)}.")
     return None if crop_scale is None else tuple(float(v) for v in crop_scale)
@@ -264,7 +272,7 @@ class ImageFolderDataModule(ImageDataModule):
 
     def __init__(
         self,
-        root: str,
+        root: str | None = None,
         image_size: int | None = None,
         channels: int | None = None,
         batch_size: int = 64,
@@ -290,6 +298,11 @@ class ImageFolderDataModule(ImageDataModule):
         seed: int | None = 0,
     ) -> None:
         super().__init__()
+        if root is None:  # (not `???` in the config: Hydra would end in a traceback)
+            raise UserError(
+                "data.root is not set: give the folder of your images, data.root=<folder> "
+                "(<folder>/<class>/<image>, or <folder>/train/<class>/<image>)."
+            )
         crop_scale = check_image_arguments(
             batch_size, image_size, channels, crop_scale, mean, std, num_workers, balance,
             max_image_pixels,
@@ -346,6 +359,16 @@ class ImageFolderDataModule(ImageDataModule):
             f"{self.channels}×{self.image_size}×{self.image_size}; images: {sizes}{carved}"
         )
         self.log_class_counts()
+
+    def split_sizes(self) -> dict[str, tuple[int, str]]:
+        self.inspect()
+        return {
+            split: (
+                sum(map(len, self.splits[split].values())),
+                f"data.{split}_fraction, or a {split}/ folder",
+            )
+            for split in ("val", "test")
+        }
 
     def _shape_and_stats(self) -> tuple[int, int, list[float], list[float]]:
         """Given, cached in `root/.litforge-stats.json`, or from sampled training images."""

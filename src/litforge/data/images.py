@@ -22,8 +22,9 @@ INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "nearest-exact")  # torchvis
 # More pixels than this and a file is refused before it is decoded: a few MB of PNG can unpack
 # into gigabytes. Pillow's own limit (`Image.MAX_IMAGE_PIXELS`), about 9,460 x 9,460.
 MAX_IMAGE_PIXELS = 89_478_485
-# The largest side a model takes (data.image_size, a checkpoint's input shape): one 4096 px RGB
-# image is 200 MB as floats.
+# The largest `data.image_size` (and image size a checkpoint may name): a batch of 64 RGB images
+# of 4096 px is 3 GB as uint8 and 13 GB as float32; larger sizes exhaust memory before anything
+# else is checked.
 MAX_IMAGE_SIZE = 4096
 
 

@@ -23,7 +23,7 @@ import torch
 from omegaconf import DictConfig
 
 import litforge
-from litforge.console import print_config
+from litforge.console import CONFIG_TREE, print_config
 from litforge.data.images import BadImageError
 from litforge.deploy.inference import (
     METADATA_KEY,
@@ -129,7 +129,7 @@ def export(cfg: DictConfig) -> Path:
     check_settings(cfg)
     output_dir = Path(cfg.paths.output_dir)
     if cfg.extras.get("print_config"):
-        print_config(cfg, save_to=output_dir / "config_tree.log")
+        print_config(cfg, save_to=output_dir / CONFIG_TREE)
     reference = load_classifier(cfg.ckpt_path)
     images, described = sample_images(cfg.export.get("sample_input"), reference.contract)
     metadata = reference.metadata()

@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 from rich.progress import track
 from torch.utils.data import DataLoader, Dataset
 
-from litforge.console import print_config
+from litforge.console import CONFIG_TREE, print_config
 from litforge.data.image_folder import cannot_decode
 from litforge.data.images import BadImageError
 from litforge.deploy.inference import (
@@ -109,7 +109,7 @@ def predict(cfg: DictConfig) -> Counter:
     path, key = model_source(cfg)
     output_dir = Path(cfg.paths.output_dir)
     if cfg.extras.get("print_config"):
-        print_config(cfg, save_to=output_dir / "config_tree.log")
+        print_config(cfg, save_to=output_dir / CONFIG_TREE)
     files = image_files(cfg.get("input"))
     model = load_classifier(path, pick_device(settings.device, "predict.device"), key=key)
     batches = math.ceil(len(files) / settings.batch_size)

@@ -42,7 +42,7 @@ from fastapi.responses import JSONResponse
 from omegaconf import DictConfig
 from starlette.concurrency import run_in_threadpool
 
-from litforge.console import print_config
+from litforge.console import CONFIG_TREE, print_config
 from litforge.data.images import BadImageError, check_header, header_size
 from litforge.deploy.inference import InputContract, load_classifier, model_source, top_k
 from litforge.errors import UserError, number_problem
@@ -348,7 +348,7 @@ def serve(cfg: DictConfig) -> None:
     path, key = model_source(cfg)
     check_port_free(server_cfg.host, server_cfg.port)
     if cfg.extras.get("print_config"):
-        print_config(cfg, save_to=Path(cfg.paths.output_dir) / "config_tree.log")
+        print_config(cfg, save_to=Path(cfg.paths.output_dir) / CONFIG_TREE)
     previous = {number: signal.getsignal(number) for number in STOP_SIGNALS}
     for number in STOP_SIGNALS:
         signal.signal(number, _stop_handler(os.getpid()))

@@ -5,7 +5,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from litforge.errors import UserError
+from litforge.errors import UserError, check_number
 
 
 class CNN(nn.Module):
@@ -25,6 +25,23 @@ class CNN(nn.Module):
         mirror_average: bool = False,
     ) -> None:
         super().__init__()
+        if not channels:
+            raise UserError(
+                f"model.net.channels={list(channels)} gives no convolution blocks: give one or "
+                f"more numbers of output channels, e.g. model.net.channels=[32,64]."
+            )
+        if not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in channels):
+            raise UserError(
+                f"model.net.channels={list(channels)}: each entry is a number of output channels, "
+                f"an integer at least 1."
+            )
+        for key, value in (
+            ("hidden_size", hidden_size),
+            ("kernel_size", kernel_size),
+            ("pool_size", pool_size),
+            ("convs_per_block", convs_per_block),
+        ):
+            check_number(f"model.net.{key}", value, integer=True, minimum=1)
         in_channels, height, width = input_shape
         if height >> len(channels) == 0 or width >> len(channels) == 0:
             raise UserError(

@@ -6,6 +6,8 @@ from math import prod
 import torch
 from torch import nn
 
+from litforge.errors import UserError
+
 
 class MLP(nn.Module):
     """`input_shape` (C, H, W) and `num_classes` come from the datamodule, not the config."""
@@ -19,6 +21,11 @@ class MLP(nn.Module):
         batch_norm: bool = True,
     ) -> None:
         super().__init__()
+        if not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in hidden_sizes):
+            raise UserError(
+                f"model.net.hidden_sizes={list(hidden_sizes)}: each entry is a layer's number of "
+                f"units, an integer at least 1 ([]: no hidden layer)."
+            )
         layers: list[nn.Module] = [nn.Flatten()]
         width = prod(input_shape)
         for hidden in hidden_sizes:

@@ -42,6 +42,7 @@ from litforge.data.images import (
     AUTO_AUGMENTS,
     INTERPOLATIONS,
     MAX_IMAGE_PIXELS,
+    MAX_IMAGE_SIZE,
     SampleTransform,
 )
 from litforge.errors import UserError, check_number, number_problem
@@ -152,7 +153,9 @@ def optimize_folder(
         number_problem("--val-fraction", val_fraction),
         number_problem("--test-fraction", test_fraction),
         image_size is not None
-        and number_problem("--image-size", image_size, integer=True, minimum=1),
+        and number_problem(
+            "--image-size", image_size, integer=True, minimum=1, maximum=MAX_IMAGE_SIZE
+        ),
         num_workers is not None
         and number_problem("--workers", num_workers, integer=True, minimum=1),
         number_problem("--max-image-pixels", max_image_pixels, integer=True, minimum=1),
