@@ -425,19 +425,6 @@ def test_an_mlp_layer_of_no_units_is_refused():
     MLP((1, 28, 28), 10, hidden_sizes=[])  # no hidden layer: a linear classifier
 
 
-@pytest.mark.parametrize("shape", [[3, 100000, 100000], [3, 32, 5000]])
-def test_eval_refuses_a_checkpoints_image_size_over_the_bound(tmp_path, shape):
-    # The bound of data.image_size holds for a size eval.py takes from a checkpoint, before any
-    # image is read or model built.
-    from litforge.pipeline import data_from_checkpoint
-
-    cfg = compose_config("eval", tmp_path, ["data=image_folder", "data.root=x", "ckpt_path=a.ckpt"])
-    checkpoint = {"hyper_parameters": {"input_shape": shape, "mean": [0.5] * 3, "std": [0.2] * 3}}
-    with pytest.raises(UserError, match=re.escape(f"ckpt_path=a.ckpt has input_shape={shape}")):
-        data_from_checkpoint(cfg, checkpoint)
-    assert cfg.data.image_size is None
-
-
 @pytest.mark.slow  # (a subprocess: DDP's processes would start from it)
 def test_fewer_validation_images_than_processes_is_one_line(tmp_path):
     from helpers import write_image_folder

@@ -26,7 +26,6 @@ from litforge.callbacks import LogRunConfig
 from litforge.checks import accelerator_is_cpu, check_config
 from litforge.console import CONFIG_TREE, print_config, print_metrics, quiet_lightning
 from litforge.data.base import DataModule, model_arguments
-from litforge.data.images import MAX_IMAGE_SIZE
 from litforge.errors import UserError, user_error
 from litforge.hooks import ChecksFit, LogsRunFiles, PreparesRun
 from litforge.strategies import lost_process_ends_the_job
@@ -328,12 +327,6 @@ def data_from_checkpoint(cfg: DictConfig, checkpoint: dict[str, Any]) -> None:
     if not hp.get("input_shape"):
         return
     channels, height, width = hp["input_shape"]
-    if max(height, width) > MAX_IMAGE_SIZE:  # before a datamodule or model is built that size
-        raise UserError(
-            f"ckpt_path={cfg.ckpt_path} has input_shape={list(hp['input_shape'])}: images of "
-            f"at most {MAX_IMAGE_SIZE} px a side (data.image_size's bound). Evaluate another "
-            f"checkpoint."
-        )
     known = {
         "image_size": height if height == width else None,
         "channels": channels,

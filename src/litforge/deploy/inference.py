@@ -27,6 +27,7 @@ from litforge.data.images import (
     IMAGE_SUFFIXES,
     INTERPOLATIONS,
     MAX_IMAGE_PIXELS,
+    MAX_IMAGE_SIZE,
     decode,
     fit,
     normalize,
@@ -35,9 +36,6 @@ from litforge.errors import UserError
 
 METADATA_KEY = "litforge"  # the key of the metadata in model.onnx and model.pt2
 EXPORTED = (".onnx", ".pt2")
-# The largest side of a model's input that a file may name: images are fitted to it before the
-# model runs, so a crafted size would allocate gigabytes per image (8000 px: 1.4 GB).
-MAX_INPUT_SIZE = 4096
 
 
 class InputError(ValueError):
@@ -76,9 +74,9 @@ class InputContract:
             )
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
             raise InputError(f"images of {self.size!r} px, not a positive integer")
-        if self.size > MAX_INPUT_SIZE:
+        if self.size > MAX_IMAGE_SIZE:
             raise InputError(
-                f"images of {self.size} px, more than the {MAX_INPUT_SIZE} px litforge fits "
+                f"images of {self.size} px, more than the {MAX_IMAGE_SIZE} px litforge fits "
                 f"images to"
             )
         if self.interpolation not in INTERPOLATIONS:
