@@ -484,15 +484,6 @@ def final_state(run: Path):
     return checkpoint["global_step"], checkpoint["state_dict"], metrics
 
 
-def fit_loop_at(epoch: int):
-    """A stand-in for `trainer.fit_loop` before epoch `epoch` (the epoch a datamodule's training
-    loader starts at, `DataModule.training_epoch`), for tests that give a datamodule a stand-in
-    trainer."""
-    from types import SimpleNamespace
-
-    return SimpleNamespace(epoch_progress=SimpleNamespace(current=SimpleNamespace(processed=epoch)))
-
-
 def assert_same_run(resumed: Path, uninterrupted: Path) -> None:
     """The two runs ended at the same step with the same weights and metrics."""
     import pytest

@@ -322,3 +322,15 @@ def test_eval_refuses_a_checkpoint_of_a_6_million_unit_layer_under_1_5_gb(tmp_pa
     assert "error:" in done.stderr and "another architecture than" in done.stderr
     peak_kb = int(done.stdout.split("peak_kb")[-1])
     assert peak_kb < 1.5 * 2**20, f"peak {peak_kb / 2**20:.2f} GB"
+
+
+@pytest.mark.parametrize("given", ["s3://bucket/last.ckpt", "a file object"])
+def test_load_from_checkpoint_takes_local_files_only(tmp_path, one_epoch_run, given):
+    """What it checks is read from a local file; Lightning would read any other source unchecked."""
+    from litforge.models import ClassificationModule
+
+    last, _ = one_epoch_run
+    with open(last, "rb") as opened:
+        source = opened if given == "a file object" else given
+        with pytest.raises(UserError, match="is no local file: .* Download it first"):
+            ClassificationModule.load_from_checkpoint(source, weights_only=True)

@@ -156,12 +156,13 @@ def test_a_run_resumed_from_an_epochs_end_trains_as_an_uninterrupted_one(
     for name, extra in (("uninterrupted", []), ("resumed", [f"ckpt_path={epoch_end}"])):
         result = run_script("train.py", *args, f"hydra.run.dir={tmp_path / name}", *extra)
         assert result.returncode == 0, result.stderr[-3000:]
-    # (Not the test metrics: a run resumed into a new folder picks its best checkpoint anew.)
-    step, weights, _ = final_state(tmp_path / "resumed")
-    step_ref, weights_ref, _ = final_state(tmp_path / "uninterrupted")
+    step, weights, metrics = final_state(tmp_path / "resumed")
+    step_ref, weights_ref, metrics_ref = final_state(tmp_path / "uninterrupted")
     assert step == step_ref
     for name, value in weights_ref.items():
         torch.testing.assert_close(weights[name], value, rtol=0, atol=0, msg=name)
+    # The test metrics too: the resumed run knows the best checkpoint of the epochs before it.
+    assert metrics == metrics_ref
 
 
 @pytest.mark.slow
@@ -352,6 +353,20 @@ def test_a_checkpoint_naming_a_file_outside_its_folder_deletes_nothing(
     resumed = [*overrides, "trainer.max_epochs=3", "ckpt_path=last"]  # in place: the same run
     with pytest.raises(UserError, match="none of the checkpoints in .* loads"):
         train(compose_config("train", tmp_path, resumed))
-    why = "/../../victim', outside" if dirpath == "kept" else "but no folder of its own"
-    assert why in caplog.text
+    assert "/../../victim', which is no absolute path without '..'" in caplog.text
     assert victim.read_text() == "mine"
+
+
+def test_a_run_resumed_into_a_new_folder_tests_the_best_checkpoint_so_far(tmp_path, idx_data_dir):
+    """Resumed from epoch 0's end into its own folder, a run whose next epoch does not improve
+    (a learning rate too small to change a prediction) saves no new best and tests epoch 0's,
+    as the uninterrupted run does; Lightning alone would call its first epoch the best."""
+    overrides = ["data=mnist", "data.val_size=100", "logger=none", f"paths.data_dir={idx_data_dir}"]
+    overrides += ["model.optimizer.lr=1e-12", "model.net.batch_norm=false", "trainer.max_epochs=2"]
+    uninterrupted = train(compose_config("train", tmp_path / "a", overrides))
+    best = tmp_path / "a" / "run" / "checkpoints" / "epoch_000.ckpt"
+    assert sorted(p.name for p in best.parent.iterdir()) == ["epoch_000.ckpt", "last.ckpt"]
+
+    resumed = train(compose_config("train", tmp_path / "b", [*overrides, f"ckpt_path={best}"]))
+    assert [p.name for p in (tmp_path / "b" / "run" / "checkpoints").iterdir()] == ["last.ckpt"]
+    assert resumed == uninterrupted

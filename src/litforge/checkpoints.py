@@ -125,7 +125,8 @@ class LastCheckpoint(ModelCheckpoint):
 
 class ResumeState(L.Callback):
     """Saves what Lightning leaves out: the random generators' states (a resumed run draws the
-    same dropout and augmentations)."""
+    same dropout and augmentations). And a run resumed into a new folder goes on from the best
+    checkpoints so far, as one that was never stopped would."""
 
     _states: dict[str, Any] | None = None
 
@@ -137,6 +138,17 @@ class ResumeState(L.Callback):
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         self._states = checkpoint.get("rng_states")
+        # Lightning's ModelCheckpoint restores the scores of the best checkpoints only from its
+        # own folder: resumed into a new one, its next epoch would be "the best" whatever its
+        # score, and a run that did not improve would test other weights than an uninterrupted
+        # one. Called before the callbacks load their states: they take them as their own. The
+        # earlier best files stay where they are (ModelCheckpoint deletes only inside its
+        # folder; the paths are checked on reading: `check_callback_paths`).
+        states = checkpoint.get("callbacks") or {}
+        for callback in trainer.checkpoint_callbacks:
+            state = states.get(callback.state_key)
+            if isinstance(state, dict) and getattr(callback, "dirpath", None):
+                state["dirpath"] = callback.dirpath
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Not when loading: after the sanity check, before the first batch, where the run stopped.
@@ -326,29 +338,23 @@ def check_module_arguments(hp: dict[str, Any], module_class: type) -> None:
 
 def check_callback_paths(checkpoint: Mapping[str, Any], where: str) -> None:
     """The files the callbacks' saved states name (ModelCheckpoint's best and k-th best, which it
-    deletes once better ones are saved) lie inside their callback's `dirpath`, as Lightning
-    writes them: absolute, normalized paths. Lightning's own guard compares the words of the
-    path, so `<dirpath>/../x` would pass it: a UserError instead."""
+    deletes once better ones are saved) are named as Lightning writes them: absolute, normalized
+    local paths. ModelCheckpoint deletes only files inside its own folder, but compares the
+    words of the path, so `<its folder>/../x` would pass: a UserError instead."""
     states = checkpoint.get("callbacks") or {}
     if not isinstance(states, Mapping):
         raise UserError(f"{where} holds callback states that are no dict. {FIX}")
     for name, state in states.items():
         if not isinstance(state, Mapping):
             continue
-        named = [v for k, v in state.items() if str(k).endswith("path") and k != "dirpath"]
+        named = [v for k, v in state.items() if str(k).endswith("path")]
         named += list(state.get("best_k_models") or {})
-        named = [p for p in named if p not in (None, "")]
-        folder = state.get("dirpath")
-        callback = f"{where}: the saved state of its callback {str(name)[:80]!r}"
-        if named and not _normal_path(folder):
-            raise UserError(f"{callback} names files but no folder of its own (dirpath). {FIX}")
-        for path in named:
-            if not (_normal_path(path) and Path(folder) in Path(path).parents):
-                raise UserError(
-                    f"{callback} names the file {str(path)[:200]!r}, outside that callback's "
-                    f"folder {folder[:200]!r}: a checkpoint names no file to touch outside its "
-                    f"run. {FIX}"
-                )
+        for path in (p for p in named if p not in (None, "") and not _normal_path(p)):
+            raise UserError(
+                f"{where}: the saved state of its callback {str(name)[:80]!r} names the file "
+                f"{str(path)[:200]!r}, which is no absolute path without '..' or '.' parts: a "
+                f"checkpoint names no file to touch outside its run. {FIX}"
+            )
 
 
 def _normal_path(path: Any) -> bool:

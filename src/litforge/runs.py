@@ -37,15 +37,13 @@ def register_resolvers() -> None:
 
 
 class RunFolderCheck(Callback):
-    """`hydra.callbacks` (conf/hydra/default.yaml): a run or sweep folder that cannot be made or
-    written (under a file, on a read-only mount, immutable, not ours) is one `error:` line naming
-    it and exit status 1, before Hydra's own `mkdir` would end in a traceback."""
+    """`hydra.callbacks` (conf/hydra/default.yaml): a run folder that cannot be made or written
+    (under a file, on a read-only mount, immutable, not ours) is one `error:` line naming it and
+    exit status 1, before Hydra's own `mkdir` would end in a traceback. (Not a sweep's folder:
+    the launcher resolves its `${now:...}` again, later, in a config of its own.)"""
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
         check_writable(config, "hydra.run.dir")
-
-    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
-        check_writable(config, "hydra.sweep.dir")
 
 
 def check_writable(config: Any, key: str) -> None:

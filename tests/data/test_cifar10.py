@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from helpers import fit_loop_at, write_cifar10
+from helpers import write_cifar10
 
 from litforge.data.cifar10 import CIFAR10, CIFAR10DataModule, CIFARFormatError
 from litforge.data.sources import locate
@@ -45,7 +45,7 @@ def test_train_batches_are_augmented_and_normalized(tmp_path):
     cpu = SimpleNamespace(root_device=torch.device("cpu"))
     dm.trainer = SimpleNamespace(
         training=True, current_epoch=0, global_rank=0, strategy=cpu,
-        distributed_sampler_kwargs=None, fit_loop=fit_loop_at(0),
+        distributed_sampler_kwargs=None,
     )  # fmt: skip
     images, labels = next(iter(dm.train_dataloader()))
     assert images.dtype == torch.uint8  # until the training device

@@ -11,7 +11,6 @@ import torch
 from helpers import (
     band_image,
     compose_config,
-    fit_loop_at,
     png_bomb,
     run_in_process,
     train_recording_samples,
@@ -186,9 +185,7 @@ def test_a_training_loader_starts_at_the_epoch_the_trainer_is_at(tmp_path):
     reference.sampler.set_epoch(3)
     expected = batches_of(dm, reference)
     cpu = SimpleNamespace(root_device=torch.device("cpu"))
-    dm.trainer = SimpleNamespace(
-        current_epoch=3, distributed_sampler_kwargs=None, strategy=cpu, fit_loop=fit_loop_at(3)
-    )
+    dm.trainer = SimpleNamespace(current_epoch=3, distributed_sampler_kwargs=None, strategy=cpu)
     loader = dm.train_dataloader()
     iterator = iter(loader)  # as Lightning does: the workers read ahead, then the epoch is set
     loader.sampler.set_epoch(3)
@@ -206,7 +203,7 @@ def test_processes_share_out_each_epoch(tmp_path):
         dm.trainer = SimpleNamespace(
             distributed_sampler_kwargs=shard,
             strategy=SimpleNamespace(root_device=torch.device("cpu")),
-            fit_loop=fit_loop_at(0),
+            current_epoch=0,
         )
         seen.append([index for index, _, _ in dm.train_dataloader().sampler])
     assert len(seen[0]) == len(seen[1]) == 11  # 3 × 7 training images, evened out by one

@@ -158,7 +158,8 @@ def test_batch_augmentation_resumes_mid_epoch_through_the_datamodule_state():
         torch.testing.assert_close(resumed.on_after_batch_transfer(b, 0)[0], want)
     resumed.trainer.current_epoch = 2  # a new epoch counts from its first batch
     assert resumed.on_after_batch_transfer(batches[0], 0) is not None
-    assert resumed.state_dict() == {"epoch": 2, "batches": 1}
+    assert resumed.state_dict() == {"epoch": 2, "batches": 1, "next_epoch": 0}  # (no loader)
     plain = datamodule()
     plain.on_after_batch_transfer(batches[0], 0)
-    assert plain.state_dict() == {"epoch": -1, "batches": 0}  # nothing drawn, nothing counted
+    # Nothing drawn, nothing counted.
+    assert plain.state_dict() == {"epoch": -1, "batches": 0, "next_epoch": 0}

@@ -141,21 +141,24 @@ class DataModule(L.LightningDataModule):
         """The epoch a training loader built now serves first: the one Lightning gives its
         sampler's `set_epoch` next. A loader's workers start reading when Lightning builds it,
         before that call (Lightning #21938): a run resumed from an epoch's end, which restores no
-        loader state, would read epoch 0's samples again. So loaders set it on their sampler."""
-        if self.trainer is None:
-            return 0
-        return self.trainer.fit_loop.epoch_progress.current.processed
+        loader state, would read epoch 0's samples again. So loaders set it on their sampler,
+        from the epoch the checkpoint's training sampler had reached when that is later."""
+        return max(self.trainer.current_epoch if self.trainer is not None else 0, self.next_epoch)
 
     # The training batches of the current epoch augmented so far, which seed the next one's
     # draws: checkpointed by Lightning (`state_dict`), so a run resumed mid-epoch draws the same.
     augmented = {"epoch": -1, "batches": 0}
+    train_sampler: EpochSampler | None = None  # the training loader's, once built
+    next_epoch = 0  # where a checkpoint's training sampler was (`training_epoch`)
 
     def state_dict(self) -> dict[str, int]:
-        return dict(self.augmented)
+        sampler = self.train_sampler
+        return {**self.augmented, "next_epoch": sampler.state_dict()["epoch"] if sampler else 0}
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         if state_dict:  # (empty from checkpoints of data without batch augmentation)
             self.augmented = {k: int(state_dict[k]) for k in ("epoch", "batches")}
+            self.next_epoch = int(state_dict.get("next_epoch", 0))
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         if isinstance(batch, torch.Tensor):  # the model's example input (a logger's graph)
@@ -348,6 +351,7 @@ class InMemoryImageDataModule(DataModule):
         if train:
             sampler = EpochSampler(len(dataset), seed=self.hparams.seed or 0, **self.shard())
             sampler.set_epoch(self.training_epoch())
+            self.train_sampler = sampler
         else:
             sampler = evaluation_sampler(len(dataset), **self.shard())
         return StatefulDataLoader(

@@ -471,6 +471,7 @@ class ImageFolderDataModule(ImageDataModule):
                 len(paths), seed=hp.seed or 0, weights=weights, keyed=True, **self.shard()
             )
             sampler.set_epoch(self.training_epoch())
+            self.train_sampler = sampler
         else:
             sampler = evaluation_sampler(len(paths), **self.shard())
         return StatefulDataLoader(
