@@ -135,37 +135,15 @@ def test_load_from_checkpoint_rebuilds_the_trained_module(one_epoch_run):
 
 
 @pytest.mark.parametrize("entry", ["eval.py", "load_from_checkpoint", "train=false", "resume"])
-@pytest.mark.parametrize("craft", CRAFTED)
-def test_a_checkpoint_builds_only_listed_networks(tmp_path, one_epoch_run, craft, entry):
+@pytest.mark.parametrize(
+    ("under", "craft"), [("hyper_parameters", craft) for craft in CRAFTED] + LEGACY_CRAFTS
+)
+def test_a_checkpoint_builds_only_listed_networks(tmp_path, one_epoch_run, under, craft, entry):
     """A checkpoint is data: what its configs name is checked against litforge.models'
     lists before anything is called (here: nothing made in `made/`), on every path that reads
-    one (predict, export and serve: tests/deploy/test_inference.py)."""
-    from litforge.models import ClassificationModule
-
-    last, data_dir = one_epoch_run
-    path, made = crafted_checkpoint(last, craft, tmp_path)
-    data = ["data=mnist", f"ckpt_path={path}", f"paths.data_dir={data_dir}", "logger=none"]
-    with pytest.raises(UserError, match=REFUSED):
-        if entry == "eval.py":
-            evaluate(compose_config("eval", tmp_path / "e", data))
-        elif entry == "load_from_checkpoint":  # as docs/evaluation.md shows; fit would go on
-            module = ClassificationModule.load_from_checkpoint(path, weights_only=True)
-            module.configure_optimizers()
-        else:
-            more = ["train=false"] if entry == "train=false" else ["trainer.max_epochs=2"]
-            train(compose_config("train", tmp_path / "t", [*data, *more]))
-    assert not any(made.iterdir())
-
-
-@pytest.mark.parametrize("entry", ["eval.py", "load_from_checkpoint", "train=false", "resume"])
-@pytest.mark.parametrize(("under", "craft"), LEGACY_CRAFTS)
-def test_settings_under_lightnings_other_keys_are_checked_alike(
-    tmp_path, one_epoch_run, under, craft, entry
-):
-    """Lightning's loading also takes the module's arguments from the legacy keys `hparams` and
-    `module_arguments`, and passes them all as one when `hparams_name` names an argument: what
-    they would build is checked like `hyper_parameters` (predict, export and serve:
-    tests/deploy/test_inference.py)."""
+    one (predict, export and serve: tests/deploy/test_inference.py). Checked alike wherever
+    Lightning's loading takes the module's arguments from: `hyper_parameters`, the legacy keys
+    `hparams` and `module_arguments`, or all as one argument that `hparams_name` names."""
     from litforge.models import ClassificationModule
 
     last, data_dir = one_epoch_run
@@ -174,7 +152,7 @@ def test_settings_under_lightnings_other_keys_are_checked_alike(
     with pytest.raises(UserError, match=REFUSED):
         if entry == "eval.py":
             evaluate(compose_config("eval", tmp_path / "e", data))
-        elif entry == "load_from_checkpoint":
+        elif entry == "load_from_checkpoint":  # as docs/evaluation.md shows; fit would go on
             module = ClassificationModule.load_from_checkpoint(path, weights_only=True)
             module.configure_optimizers()
         else:
