@@ -929,6 +929,7 @@ LEGACY_CRAFTS = [
 REFUSED = (
     r"is not allowed|has a _target_ of its own|interpolation|has _args_|names no weights"
     r"|is no \(channels, height, width\)|is no list of numbers|does not take"
+    r"|keys of Lightning before 1.0"
     r"|object, not a config"
 )
 

@@ -197,8 +197,7 @@ def test_module_arguments_are_what_lightning_passes_to_the_constructor(tmp_path,
     monkeypatch.setattr(saving, "_load_state", watched)
     cases = [
         {"hyper_parameters": {"lr": 0.5}},
-        {"hyper_parameters": {"lr": 0.5}, "hparams": {"net": {"a": 1}, "lr": 0.2}},
-        {"hyper_parameters": {}, "module_arguments": {"mean": [0.5]}, "hparams": {"mean": [1]}},
+        {"hyper_parameters": {"lr": 0.5, "net": {"a": 1}}, "hparams_name": None},
         {"hyper_parameters": {"a": 1, "lr": 2}, "hparams_name": "net"},
         {"hyper_parameters": {"lr": 3}, "hparams_name": "kwargs", "hparams_type": "dict"},
     ]
@@ -208,10 +207,14 @@ def test_module_arguments_are_what_lightning_passes_to_the_constructor(tmp_path,
         Recording.load_from_checkpoint(path, weights_only=True)
         expected = {"net": None, "lr": 0.1, "mean": None, **module_arguments(case, Recording)}
         assert Recording.received == expected, case
-    # What module_arguments reads; state_dict: the weights, loaded after the constructor.
+    # What module_arguments reads (the legacy keys: refused when they hold anything);
+    # state_dict: the weights, loaded after the constructor.
     assert read <= {"hyper_parameters", "hparams_name", "hparams_type", "state_dict"} | set(
         saving.CHECKPOINT_PAST_HPARAMS_KEYS
     )
+    for key in saving.CHECKPOINT_PAST_HPARAMS_KEYS:
+        with pytest.raises(UserError, match=f"settings under {key}, keys of Lightning before"):
+            module_arguments({"hyper_parameters": {}, key: {"lr": 1}}, Recording)
 
 
 def test_image_size_channels_and_normalization_come_from_the_checkpoint(tmp_path, monkeypatch):
@@ -252,6 +255,7 @@ OVERSIZED = {  # settings that would build far more than the checkpoint holds (~
     ),
     "settings the network does not take": ("net", {"_target_": "litforge.models.cnn.CNN", "x": 1}),
     "images of 100000 px": ("input_shape", [1, 100_000, 100_000]),
+    "20,000 classes": ("num_classes", 20_000),
 }
 
 
@@ -269,7 +273,7 @@ def test_settings_larger_than_the_checkpoints_tensors_are_refused_before_buildin
     checkpoint["hyper_parameters"][key] = value
     path = tmp_path / "oversized.ckpt"
     torch.save(checkpoint, path)
-    refused = r"another architecture than|is out of range: images of|settings build no module"
+    refused = r"another architecture than|is out of range: (images|at most)|build no module"
     data = ["data=mnist", f"ckpt_path={path}", f"paths.data_dir={data_dir}", "logger=none"]
     with pytest.raises(UserError, match=refused):
         evaluate(compose_config("eval", tmp_path / "e", data))
@@ -312,3 +316,24 @@ def test_load_from_checkpoint_takes_local_files_only(tmp_path, one_epoch_run, gi
         source = opened if given == "a file object" else given
         with pytest.raises(UserError, match="is no local file: .* Download it first"):
             ClassificationModule.load_from_checkpoint(source, weights_only=True)
+
+
+def test_weights_expanded_from_one_value_are_no_weights(tmp_path, one_epoch_run):
+    """A tensor saved as one value expanded to a shape has the shape but not the bytes: settings
+    naming a 6,000,000-unit layer are refused on a 5 KB file too."""
+    from litforge.models import ClassificationModule
+
+    last, _ = one_epoch_run
+    checkpoint = torch.load(last, weights_only=True)
+    checkpoint["hyper_parameters"]["net"]["hidden_sizes"] = [6_000_000]
+    with torch.device("meta"):
+        shapes = ClassificationModule(**checkpoint["hyper_parameters"]).state_dict()
+    checkpoint["state_dict"] = {
+        name: torch.zeros((), dtype=meta.dtype).expand(meta.shape) for name, meta in shapes.items()
+    }
+    checkpoint["optimizer_states"] = []
+    path = tmp_path / "expanded.ckpt"
+    torch.save(checkpoint, path)
+    assert path.stat().st_size < 100_000
+    with pytest.raises(UserError, match=r"another architecture than.*held in \d+ bytes"):
+        ClassificationModule.load_from_checkpoint(path, weights_only=True)

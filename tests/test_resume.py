@@ -11,6 +11,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import lightning
 import pytest
 import torch
 from helpers import (
@@ -30,6 +31,8 @@ from litforge.checkpoints import AtomicCheckpointIO
 from litforge.errors import UserError
 from litforge.pipeline import train
 from litforge.resume import auto_checkpoint, last_checkpoint, newest_loadable
+
+WRITTEN_BY = {"pytorch-lightning_version": lightning.__version__}  # in every checkpoint
 
 
 def start(data_dir, run, *extra) -> subprocess.Popen:
@@ -179,7 +182,8 @@ def test_sigterm_while_testing_exits_143_too(tmp_path, idx_data_dir):
 def test_a_broken_newest_checkpoint_is_skipped_and_named(tmp_path, caplog):
     checkpoints = tmp_path / "checkpoints"
     AtomicCheckpointIO().save_checkpoint(
-        {"state_dict": {}, "epoch": 1, "global_step": 8}, checkpoints / "epoch_001.ckpt"
+        {"state_dict": {}, "epoch": 1, "global_step": 8, **WRITTEN_BY},
+        checkpoints / "epoch_001.ckpt",
     )
     (checkpoints / "last.ckpt").write_bytes(b"PK\x03\x04 cut off by a crash")  # newer
     assert newest_loadable(checkpoints) == checkpoints / "epoch_001.ckpt"
@@ -256,7 +260,7 @@ def test_ckpt_path_last_finds_the_newest_run_of_the_same_command(tmp_path, caplo
         (runs / name / ".hydra" / "overrides.yaml").write_text(f"- {override}\n")
         last = runs / name / "checkpoints" / "last.ckpt"
         if name in "ab":
-            state = {"state_dict": {}, "epoch": 1, "global_step": 8}
+            state = {"state_dict": {}, "epoch": 1, "global_step": 8, **WRITTEN_BY}
             AtomicCheckpointIO().save_checkpoint(state, last)
         elif name == "d":
             last.parent.mkdir()
@@ -370,3 +374,48 @@ def test_a_run_resumed_into_a_new_folder_tests_the_best_checkpoint_so_far(tmp_pa
     resumed = train(compose_config("train", tmp_path / "b", [*overrides, f"ckpt_path={best}"]))
     assert [p.name for p in (tmp_path / "b" / "run" / "checkpoints").iterdir()] == ["last.ckpt"]
     assert resumed == uninterrupted
+
+
+def test_a_checkpoint_of_lightning_before_2_is_refused(tmp_path):
+    """Lightning's migrations of older formats move settings and file paths (a best checkpoint
+    to delete: `checkpoint_callback_best_model_path`) from keys of their own: refused."""
+    from helpers import write_cnn_checkpoint
+
+    from litforge.checkpoints import read_checkpoint
+
+    path = write_cnn_checkpoint(tmp_path / "cnn.ckpt", 32)
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["pytorch-lightning_version"] = "0.9.0"
+    checkpoint["checkpoint_callback_best_model_path"] = "local:///victim"
+    torch.save(checkpoint, path)
+    with pytest.raises(UserError, match="was written by Lightning 0.9.0, before 2.0"):
+        read_checkpoint(path)
+    del checkpoint["pytorch-lightning_version"]
+    torch.save(checkpoint, path)
+    with pytest.raises(UserError, match="names no Lightning version that wrote it"):
+        read_checkpoint(path)
+
+
+def test_a_checkpoint_naming_a_file_through_a_link_deletes_nothing(tmp_path, idx_data_dir, caplog):
+    """Resumed in place, a run's checkpoint callback forgets the files its saved state names
+    outside its folder once links are followed (a link in the run folder, made by anyone)."""
+    overrides = ["data=mnist", "data.val_size=100", "logger=none", f"paths.data_dir={idx_data_dir}"]
+    train(compose_config("train", tmp_path, [*overrides, "trainer.max_epochs=1"]))
+    folder = tmp_path / "run" / "checkpoints"
+    victim = tmp_path / "elsewhere" / "victim"
+    victim.parent.mkdir()
+    victim.write_text("mine")
+    (folder / "link").symlink_to(victim.parent)
+    for path in folder.glob("*.ckpt"):
+        checkpoint = torch.load(path, weights_only=True)
+        for state in checkpoint["callbacks"].values():
+            if state.get("best_k_models"):
+                linked = str(folder / "link" / "victim")
+                state["kth_best_model_path"] = linked
+                state["best_k_models"] = {linked: torch.tensor(-1.0)}
+        torch.save(checkpoint, path)
+
+    resumed = [*overrides, "trainer.max_epochs=3", "ckpt_path=last"]  # in place: the same run
+    train(compose_config("train", tmp_path, resumed))
+    assert "link/victim', outside this run's checkpoints" in caplog.text
+    assert victim.read_text() == "mine"

@@ -3,12 +3,14 @@
 continues from: `resume`."""
 
 import contextlib
+import copy
 import functools
 import inspect
 import logging
 import os
 import random
 import tempfile
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from litforge.errors import UserError, check_number
 log = logging.getLogger(__name__)
 warning_on_rank_zero = rank_zero_only(log.warning)
 FIX = "Point it at a checkpoint written by train.py (<run dir>/checkpoints/)."
+MAX_CLASSES = 10_000  # of a checkpoint (`check_settings`)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -145,10 +148,16 @@ class ResumeState(L.Callback):
         # earlier best files stay where they are (ModelCheckpoint deletes only inside its
         # folder; the paths are checked on reading: `check_callback_paths`).
         states = checkpoint.get("callbacks") or {}
+        earlier = Path(trainer.ckpt_path).resolve().parent if trainer.ckpt_path else None
         for callback in trainer.checkpoint_callbacks:
-            state = states.get(callback.state_key)
-            if isinstance(state, dict) and getattr(callback, "dirpath", None):
-                state["dirpath"] = callback.dirpath
+            if not isinstance(callback, ModelCheckpoint) or not callback.dirpath:
+                continue
+            # Lightning takes a state by its key, or else by the class's name.
+            for key in (callback.state_key, type(callback).__qualname__):
+                if isinstance(state := states.get(key), dict):
+                    folders = [Path(callback.dirpath).resolve(), earlier]
+                    keep_files_in(state, folders, callback, trainer.ckpt_path)
+                    state["dirpath"] = callback.dirpath
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Not when loading: after the sanity check, before the first batch, where the run stopped.
@@ -159,6 +168,35 @@ class ResumeState(L.Callback):
         if "cuda" in self._states and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(self._states["cuda"])
         self._states = None
+
+
+def keep_files_in(
+    state: dict[str, Any], folders: list[Path | None], callback: ModelCheckpoint, ckpt_path: Any
+) -> None:
+    """A ModelCheckpoint's saved state keeps the checkpoints it names only when each lies, links
+    followed, in `folders` (its own, and the one of the checkpoint resumed): it deletes the
+    k-th best once a better one is saved. Otherwise it is forgotten, and said."""
+    named = [v for k, v in state.items() if str(k).endswith("path") and k != "dirpath"]
+    named += list(state.get("best_k_models") or {})
+    outside = [
+        path
+        for path in named
+        if path and not any(f and f in Path(str(path)).resolve().parents for f in folders)
+    ]
+    if outside:
+        warning_on_rank_zero(
+            f"Resuming {ckpt_path}: its checkpoint callback's state names "
+            f"{str(outside[0])[:200]!r}, outside this run's checkpoints and the resumed one's "
+            f"folder: forgotten, the best checkpoint is chosen among this run's epochs."
+        )
+        state.update(
+            best_model_path="",
+            best_model_score=None,
+            best_k_models={},
+            kth_best_model_path="",
+            kth_value=callback.kth_value,
+            last_model_path="",
+        )
 
 
 def is_whole(folder: Path) -> bool:
@@ -233,9 +271,36 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
             f"ckpt_path={path} is a torch file but not a Lightning checkpoint (no 'state_dict'). "
             + FIX
         )
-    check_registered(checkpoint, f"ckpt_path={path}")
-    check_callback_paths(checkpoint, f"ckpt_path={path}")
+    migrated = as_lightning_reads_it(checkpoint, f"ckpt_path={path}")
+    check_registered(migrated, f"ckpt_path={path}")
+    check_callback_paths(migrated, f"ckpt_path={path}")
     return checkpoint
+
+
+def as_lightning_reads_it(checkpoint: dict[str, Any], where: str) -> dict[str, Any]:
+    """The checkpoint but its tensors of weights, as Lightning reads it: its migrations of older
+    formats (`migrate_checkpoint`) move settings and callback states into today's keys. (Run on
+    a copy: they change what they are given.)"""
+    from lightning.pytorch.utilities.migration import migrate_checkpoint
+    from packaging.version import InvalidVersion, Version
+
+    written_by = checkpoint.get("pytorch-lightning_version")
+    try:
+        old = Version(str(written_by)) < Version("2.0")
+    except InvalidVersion:
+        raise UserError(f"{where} names no Lightning version that wrote it. {FIX}") from None
+    if old:  # (its migrations move settings and file paths from keys of their own)
+        raise UserError(f"{where} was written by Lightning {written_by}, before 2.0. {FIX}")
+    weights = ("state_dict", "optimizer_states")
+    copied = copy.deepcopy({k: v for k, v in checkpoint.items() if k not in weights})
+    try:
+        with warnings.catch_warnings():  # (one of a newer Lightning: said again on loading)
+            warnings.simplefilter("ignore")
+            return migrate_checkpoint(copied)[0]
+    except Exception as err:  # a migration meeting keys of another shape
+        raise UserError(
+            f"{where} is of a format Lightning does not read ({err!r}). {FIX}"
+        ) from None
 
 
 def override(key: str, path: str | Path) -> str:
@@ -274,32 +339,33 @@ def check_registered(
 def module_arguments(checkpoint: Mapping[str, Any], module_class: type) -> dict[str, Any]:
     """What Lightning's `load_from_checkpoint` passes from `checkpoint` to `module_class`'s
     constructor, gathered as Lightning gathers it (`lightning.pytorch.core.saving._load_state`;
-    tests/test_eval.py holds the two the same): `hyper_parameters` over the older keys that
-    Lightning still merges in (`CHECKPOINT_PAST_HPARAMS_KEYS`), all as one argument when
-    `hparams_name` names a parameter. Settings the constructor does not take are kept: the
-    check refuses them."""
-    settings: dict[str, Any] = {}
-    for key in (*CHECKPOINT_PAST_HPARAMS_KEYS, "hyper_parameters"):
-        part = checkpoint.get(key) or {}
-        if not isinstance(part, Mapping):
-            raise UserError(f"its {key} are no dict of settings. {FIX}")
-        settings.update(part)
+    tests/test_eval.py holds the two the same): `hyper_parameters`, all as one argument when
+    `hparams_name` names a parameter. Settings the constructor does not take are kept: the check
+    refuses them. The older keys Lightning still merges in (`CHECKPOINT_PAST_HPARAMS_KEYS`) are
+    refused: no checkpoint of today holds them, and a caller's `hparams_file` would replace
+    `hyper_parameters` but not them."""
+    if legacy := [key for key in CHECKPOINT_PAST_HPARAMS_KEYS if checkpoint.get(key)]:
+        raise UserError(
+            f"it holds settings under {', '.join(legacy)}, keys of Lightning before 1.0 that "
+            f"train.py never writes. {FIX}"
+        )
+    settings = checkpoint.get("hyper_parameters") or {}
+    if not isinstance(settings, Mapping):
+        raise UserError(f"its hyper_parameters are no dict of settings. {FIX}")
     if not isinstance(checkpoint.get("hparams_type") or "", str):  # Lightning would call it
         raise UserError(f"its hparams_type {checkpoint['hparams_type']!r} is no type name. {FIX}")
     name = checkpoint.get("hparams_name")
-    if isinstance(name, str) and name in parameters(module_class):
-        settings = {name: settings}
-    return settings
+    if isinstance(name, str) and name in parameters(module_class)[0]:
+        return {name: dict(settings)}
+    return dict(settings)
 
 
-def parameters(module_class: type) -> list[str] | None:
-    """The names of the constructor's parameters; None when it takes any (`**kwargs`)."""
-    signature = inspect.signature(module_class.__init__)
-    kinds = [p.kind for p in signature.parameters.values()]
-    if inspect.Parameter.VAR_KEYWORD in kinds:
-        return None
+def parameters(module_class: type) -> tuple[list[str], bool]:
+    """The names of the constructor's parameters, and whether it takes any other (`**kwargs`)."""
+    signature = list(inspect.signature(module_class.__init__).parameters.values())[1:]
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return [n for n, p in list(signature.parameters.items())[1:] if p.kind in named]
+    any_other = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in signature)
+    return [p.name for p in signature if p.kind in named], any_other
 
 
 def check_module_arguments(hp: dict[str, Any], module_class: type) -> None:
@@ -307,8 +373,8 @@ def check_module_arguments(hp: dict[str, Any], module_class: type) -> None:
     builds registered; the plain values of the right kinds."""
     from litforge.models import NETWORKS, OPTIMIZERS, SCHEDULERS
 
-    accepted = parameters(module_class)
-    if accepted is not None and (unknown := [k for k in hp if k not in accepted]):
+    accepted, any_other = parameters(module_class)
+    if not any_other and (unknown := [k for k in hp if k not in accepted]):
         raise UserError(
             f"it holds settings {class_path(module_class)} does not take: {unknown}. A "
             f"LightningModule of yours that takes them: add it to MODULES in "
@@ -481,6 +547,11 @@ def check_settings(
         )
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
         raise UserError(f"num_classes={num_classes!r} is no number of classes (2 or more).")
+    if num_classes > MAX_CLASSES:
+        raise UserError(
+            f"num_classes={num_classes} is out of range: at most {MAX_CLASSES:,} (the test "
+            f"confusion matrix holds num_classes² counts: {MAX_CLASSES:,} classes take 800 MB)."
+        )
     if class_names is not None and not listed(class_names, str):
         raise UserError(f"class_names={class_names!r} is no list of names.")
     for name, value in (("class_weights", class_weights), ("mean", mean), ("std", std)):
@@ -587,6 +658,11 @@ def check_same_shapes(
         if k in saved
         and hasattr(v, "shape")
         and tuple(getattr(saved[k], "shape", ())) != tuple(v.shape)
+    ]
+    differences += [  # (a tensor expanded from one value has the shape, not the bytes)
+        f"{k}: {list(v.shape)} held in {v.untyped_storage().nbytes()} bytes"
+        for k, v in saved.items()
+        if isinstance(v, torch.Tensor) and v.untyped_storage().nbytes() < v.nbytes
     ]
     differences += [f"missing {k}" for k in current if k not in saved]
     differences += [f"unexpected {k}" for k in saved if k not in current]

@@ -489,10 +489,32 @@ def test_a_request_given_up_on_keeps_its_pixels_counted_until_its_decoding_ends(
             done.set()
         await settle()
         assert budget.in_use == 0 and first.cancelled() and third.cancelled()
-        return (await second, await fourth)
+        # (A bound, not a pause: a budget that never grants them would wait forever.)
+        return await asyncio.wait_for(asyncio.gather(second, fourth), timeout=60)
 
     second, fourth = asyncio.run(requests())
     assert second.shape == fourth.shape == (3, 128, 128)
+
+
+def test_a_request_given_up_on_as_a_decode_ends_takes_no_pixels_with_it():
+    """Cancelled while waiting, a request's turn is over at once, but it leaves the line only
+    when it runs again: a decode ending in between passes over it, granting it nothing."""
+    from litforge.deploy.serve import DecodeBudget
+
+    budget = DecodeBudget(10)
+
+    async def given_up() -> None:
+        granted = await budget.acquire(10)
+        waiting = asyncio.create_task(budget.acquire(5))
+        await settle()
+        waiting.cancel()
+        budget.release(granted)  # before the cancelled request has run again
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert budget.in_use == 0 and not budget.waiting
+        assert await budget.acquire(10) == 10  # the whole budget is there
+
+    asyncio.run(given_up())
 
 
 def test_a_decode_budget_below_the_largest_image_is_a_one_line_error(tmp_path):

@@ -158,7 +158,8 @@ class DataModule(L.LightningDataModule):
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         if state_dict:  # (empty from checkpoints of data without batch augmentation)
             self.augmented = {k: int(state_dict[k]) for k in ("epoch", "batches")}
-            self.next_epoch = int(state_dict.get("next_epoch", 0))
+            # (Where it starts: a number of a checkpoint's, within the range of torch's seeds.)
+            self.next_epoch = min(max(int(state_dict.get("next_epoch", 0)), 0), 2**31)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         if isinstance(batch, torch.Tensor):  # the model's example input (a logger's graph)

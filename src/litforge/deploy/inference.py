@@ -256,7 +256,8 @@ def _from_metadata(
     said = [None, contract.channels, contract.size, contract.size]
     dtype, shape = graph_input
     fits = dtype == "uint8" and len(shape) == 4
-    fits = fits and all(g is None or g == s for g, s in zip(shape[1:], said[1:], strict=True))
+    # Channels and size fixed in the graph (export.py fixes them): a free one would take any.
+    fits = fits and all(g == s for g, s in zip(shape[1:], said[1:], strict=True))
     if not fits or graph_classes not in (None, len(names)):
         takes = "x".join("?" if g is None else str(g) for g in shape[1:])
         raise UserError(

@@ -23,6 +23,7 @@ never get into a batch. The model process stacks whatever requests arrived withi
 
 import asyncio
 import collections
+import contextlib
 import contextvars
 import io
 import logging
@@ -106,8 +107,9 @@ class DecodeBudget:
         except asyncio.CancelledError:  # the request was given up (504) or its client left
             if turn.done() and not turn.cancelled():  # granted just before: handed back
                 self.release(pixels)
-            else:
-                self.waiting.remove((pixels, turn))
+            else:  # (`_grant` may have passed over it already: cancelled, it is not granted)
+                with contextlib.suppress(ValueError):
+                    self.waiting.remove((pixels, turn))
                 self._grant()  # the next in line may fit now
             raise
         return pixels
@@ -119,6 +121,8 @@ class DecodeBudget:
     def _grant(self) -> None:
         while self.waiting and self.in_use + self.waiting[0][0] <= self.pixels:
             pixels, turn = self.waiting.popleft()
+            if turn.done():  # given up on (cancelled) before its waiter has run again
+                continue
             self.in_use += pixels
             turn.set_result(None)
 
