@@ -365,6 +365,12 @@ def finish(cfg: DictConfig, trainer: L.Trainer, metrics: dict[str, float]) -> di
             if isinstance(logger, LogsRunFiles):
                 logger.log_run_files(output_dir, best)
         print_metrics(metrics, output_dir)
+    # A job's processes close their process group here, not at the interpreter's exit: gloo's
+    # threads still holding tensors then can abort the process ("terminate called without an
+    # active exception", exit -6; pytorch/pytorch#179291). (A one-process group stays: the next
+    # run in this process reuses it.)
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        torch.distributed.destroy_process_group()
     return metrics
 
 
