@@ -146,7 +146,8 @@ class ResumeState(L.Callback):
         # score, and a run that did not improve would test other weights than an uninterrupted
         # one. Called before the callbacks load their states: they take them as their own. The
         # earlier best files stay where they are (ModelCheckpoint deletes only inside its
-        # folder; the paths are checked on reading: `check_callback_paths`).
+        # folder, by the path's words: `check_callback_paths` on reading and `keep_files_in`
+        # here keep those words true).
         states = checkpoint.get("callbacks") or {}
         earlier = Path(trainer.ckpt_path).resolve().parent if trainer.ckpt_path else None
         for callback in trainer.checkpoint_callbacks:
@@ -176,12 +177,10 @@ def keep_files_in(
     """A ModelCheckpoint's saved state keeps the checkpoints it names only when each lies, links
     followed, in `folders` (its own, and the one of the checkpoint resumed): it deletes the
     k-th best once a better one is saved. Otherwise it is forgotten, and said."""
-    named = [v for k, v in state.items() if str(k).endswith("path") and k != "dirpath"]
-    named += list(state.get("best_k_models") or {})
     outside = [
         path
-        for path in named
-        if path and not any(f and f in Path(str(path)).resolve().parents for f in folders)
+        for path in named_files(state)
+        if not any(f and f in Path(str(path)).resolve().parents for f in folders)
     ]
     if outside:
         warning_on_rank_zero(
@@ -413,14 +412,20 @@ def check_callback_paths(checkpoint: Mapping[str, Any], where: str) -> None:
     for name, state in states.items():
         if not isinstance(state, Mapping):
             continue
-        named = [v for k, v in state.items() if str(k).endswith("path")]
-        named += list(state.get("best_k_models") or {})
-        for path in (p for p in named if p not in (None, "") and not _normal_path(p)):
+        for path in (p for p in named_files(state) if not _normal_path(p)):
             raise UserError(
                 f"{where}: the saved state of its callback {str(name)[:80]!r} names the file "
                 f"{str(path)[:200]!r}, which is no absolute path without '..' or '.' parts: a "
                 f"checkpoint names no file to touch outside its run. {FIX}"
             )
+
+
+def named_files(state: Mapping[str, Any]) -> list[Any]:
+    """The files a callback's saved state names: its `*_path` values (its folder, `dirpath`,
+    aside) and the keys of ModelCheckpoint's `best_k_models`; empty ones left out."""
+    named = [v for k, v in state.items() if str(k).endswith("path") and k != "dirpath"]
+    named += list(state.get("best_k_models") or {})
+    return [path for path in named if path not in (None, "")]
 
 
 def _normal_path(path: Any) -> bool:
