@@ -328,7 +328,8 @@ def test_what_is_no_checkpoint_file_says_which_file_to_give(tmp_path, given, lin
         torch.save({"state_dict": {}}, run / "checkpoints" / name)
     (tmp_path / "empty").mkdir()
     (tmp_path / "text.ckpt").write_text("not a checkpoint\n")
-    for script in ("eval.py", "train.py"):
+    # (train.py given a run folder resumes its checkpoints/last.ckpt)
+    for script in ("eval.py",) if given == "run" else ("eval.py", "train.py"):
         result = run_in_process(
             script, f"ckpt_path={tmp_path / given}", f"hydra.run.dir={tmp_path / 'out'}"
         )
@@ -352,26 +353,22 @@ def test_a_single_number_as_crop_scale_is_one_line(tmp_path):
     )
 
 
-def test_a_folder_of_runs_or_a_missing_file_names_checkpoints_to_give(tmp_path):
-    from litforge.checkpoints import read_checkpoint
+def test_a_missing_file_names_the_checkpoints_beside_it(tmp_path):
+    from litforge.checkpoints import read
 
-    runs = tmp_path / "runs"
-    for run in ("a", "b=2"):  # (the newest: a sweep's folder with `=` in its name)
-        (runs / run / "checkpoints").mkdir(parents=True)
-        (runs / run / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04")
-    newest = runs / "b=2" / "checkpoints" / "last.ckpt"
-    with pytest.raises(UserError, match="holds the checkpoints of several runs") as refused:
-        read_checkpoint(runs)
-    assert str(refused.value).endswith(f"the newest, \"ckpt_path='{newest}'\"")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04")
     with pytest.raises(UserError, match=r"no such file. \S+ holds: last.ckpt."):
-        read_checkpoint(newest.with_name("best.ckpt"))
+        read(tmp_path / "checkpoints" / "best.ckpt")
 
 
 def test_a_checkpoint_naming_a_network_by_a_plain_value_is_told_so():
-    from litforge.checkpoints import check_registered
+    from litforge.checkpoints import build_module
+    from litforge.models import ClassificationModule
 
-    with pytest.raises(UserError, match="model.net is the value 'resnet18', not a config"):
-        check_registered({"hyper_parameters": {"net": "resnet18"}}, "x.ckpt")
+    settings = {"net": "resnet18", "input_shape": [1, 8, 8], "num_classes": 2, "optimizer": {}}
+    with pytest.raises(UserError, match="x.ckpt: its settings build no module"):
+        build_module({"hyper_parameters": settings}, ClassificationModule, "x.ckpt")
 
 
 @pytest.mark.parametrize(

@@ -86,8 +86,8 @@ def test_train_py_callbacks_pasted_into_eval_py_compose(tmp_path, callbacks):
 
 
 def test_a_run_without_callbacks_evaluates_without_model(tmp_path, idx_data_dir):
-    """eval.py rebuilds the registered module from the checkpoint alone, whatever callbacks
-    the run had; a class the checkpoint names is never looked up."""
+    """eval.py rebuilds the module from the checkpoint alone, whatever callbacks the run had
+    (none naming its class: ours); a class the checkpoint names from elsewhere is refused."""
     overrides = ["data=mnist", "data.val_size=100", f"paths.data_dir={idx_data_dir}"]
     overrides += ["trainer.max_epochs=1"]
     overrides += [
@@ -97,11 +97,14 @@ def test_a_run_without_callbacks_evaluates_without_model(tmp_path, idx_data_dir)
     overrides += [f"+callbacks.ckpt.dirpath={tmp_path / 'ckpts'}", "logger=none", "test=false"]
     train(compose_config("train", tmp_path / "t", overrides))
     checkpoint = torch.load(next((tmp_path / "ckpts").glob("*.ckpt")), weights_only=True)
-    checkpoint["module_class"] = "subprocess.Popen"
+    assert "module_class" not in checkpoint
     path = tmp_path / "plain.ckpt"
     torch.save(checkpoint, path)
     data = ["data=mnist", f"ckpt_path={path}", f"paths.data_dir={idx_data_dir}", "logger=none"]
     assert "test/acc" in evaluate(compose_config("eval", tmp_path / "e", data))
+    torch.save({**checkpoint, "module_class": "subprocess.Popen"}, path)
+    with pytest.raises(UserError, match=r"module_class._target_='subprocess.Popen' is not allo"):
+        evaluate(compose_config("eval", tmp_path / "e2", data))
 
 
 def test_callbacks_none_tests_the_final_weights_and_eval_finds_lightnings_checkpoint(
@@ -168,7 +171,7 @@ def test_module_arguments_are_what_lightning_passes_to_the_constructor(tmp_path,
     import lightning as L
     from lightning.pytorch.core import saving
 
-    from litforge.checkpoints import module_arguments
+    from litforge.checkpoints import check_settings_data, module_arguments
 
     class Recording(L.LightningModule):
         received: dict = {}
@@ -214,7 +217,7 @@ def test_module_arguments_are_what_lightning_passes_to_the_constructor(tmp_path,
     )
     for key in saving.CHECKPOINT_PAST_HPARAMS_KEYS:
         with pytest.raises(UserError, match=f"settings under {key}, keys of Lightning before"):
-            module_arguments({"hyper_parameters": {}, key: {"lr": 1}}, Recording)
+            check_settings_data({"hyper_parameters": {}, key: {"lr": 1}}, "x.ckpt")
 
 
 def test_image_size_channels_and_normalization_come_from_the_checkpoint(tmp_path, monkeypatch):

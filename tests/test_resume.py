@@ -3,7 +3,6 @@ with the same weights and metrics as one that was never interrupted; a run resum
 one writes into its own new folder."""
 
 import csv
-import json
 import logging
 import os
 import signal
@@ -27,10 +26,9 @@ from helpers import (
     write_image_folder,
 )
 
-from litforge.checkpoints import AtomicCheckpointIO
+from litforge.checkpoints import AtomicCheckpointIO, read
 from litforge.errors import UserError
 from litforge.pipeline import train
-from litforge.resume import auto_checkpoint, last_checkpoint, newest_loadable
 
 WRITTEN_BY = {"pytorch-lightning_version": lightning.__version__}  # in every checkpoint
 
@@ -179,156 +177,79 @@ def test_sigterm_while_testing_exits_143_too(tmp_path, idx_data_dir):
     assert last["global_step"] == 150  # the end of training, not overwritten while testing
 
 
-def test_a_broken_newest_checkpoint_is_skipped_and_named(tmp_path, caplog):
-    checkpoints = tmp_path / "checkpoints"
-    AtomicCheckpointIO().save_checkpoint(
-        {"state_dict": {}, "epoch": 1, "global_step": 8, **WRITTEN_BY},
-        checkpoints / "epoch_001.ckpt",
+def test_ckpt_path_last_is_the_newest_last_checkpoint_of_this_runs_folder(tmp_path, caplog):
+    """As in Lightning: `last` is the newest `last*.ckpt` of the run's checkpoint folders, or
+    none yet (said: the run starts fresh); a run folder given means its last checkpoint."""
+    from litforge.checkpoints import checkpoint_file
+
+    caplog.set_level(logging.INFO)
+    folder = tmp_path / "run" / "checkpoints"
+    assert checkpoint_file("last", [folder]) is None
+    assert f"No checkpoint in {folder} to resume (ckpt_path=last): starting fresh" in caplog.text
+    folder.mkdir(parents=True)
+    for age, name in enumerate(["last-v1.ckpt", "last.ckpt", "epoch_003.ckpt"]):
+        (folder / name).write_bytes(b"PK\x03\x04")
+        os.utime(folder / name, (1e9 + age, 1e9 + age))
+    assert checkpoint_file("last", [folder]) == str(folder / "last.ckpt")
+    assert checkpoint_file(str(tmp_path / "run"), [tmp_path]) == str(folder / "last.ckpt")
+    assert checkpoint_file(str(folder / "epoch_003.ckpt"), []) == str(folder / "epoch_003.ckpt")
+
+
+def test_a_last_checkpoint_cut_off_is_one_line(tmp_path):
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    last.parent.mkdir()
+    last.write_bytes(b"PK\x03\x04 cut off by a crash")
+    with pytest.raises(UserError, match=r"last.ckpt is not a readable checkpoint \("):
+        read(last)
+
+
+def test_resuming_with_another_optimizer_class_is_refused(tmp_path):
+    from litforge.pipeline import check_fits
+
+    adamw = {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 0.001}
+    checkpoint = {"state_dict": {}, "hyper_parameters": {"optimizer": adamw}}
+    model = SimpleNamespace(
+        hparams={"optimizer": {**adamw, "_target_": "torch.optim.SGD"}}, state_dict=dict
     )
-    (checkpoints / "last.ckpt").write_bytes(b"PK\x03\x04 cut off by a crash")  # newer
-    assert newest_loadable(checkpoints) == checkpoints / "epoch_001.ckpt"
-    assert "Skipping" in caplog.text and "last.ckpt" in caplog.text
-    assert [p.name for p in checkpoints.iterdir() if "partial" in p.name] == []
-
-
-def test_no_checkpoint_to_resume_is_one_clear_error(tmp_path):
-    with pytest.raises(UserError, match="ckpt_path=last: no checkpoint to resume in"):
-        newest_loadable(tmp_path / "checkpoints")
-
-
-def test_checkpoints_that_all_fail_to_load_are_not_called_missing(tmp_path, caplog):
-    checkpoints = tmp_path / "run" / "checkpoints"
-    checkpoints.mkdir(parents=True)
-    (checkpoints / "last.ckpt").write_bytes(b"PK\x03\x04 cut off by a crash")
-    with pytest.raises(UserError, match=r"none of the checkpoints in .* loads \(the warnings"):
-        newest_loadable(checkpoints)
-    # an earlier run of the same command whose checkpoints all fail to load: said, not "no run"
-    (tmp_path / "run" / ".hydra").mkdir()
-    (tmp_path / "run" / ".hydra" / "overrides.yaml").write_text("- model=cnn\n")
-    (tmp_path / "new").mkdir()
-    with pytest.raises(UserError, match="checkpoints of the earlier runs of this command"):
-        last_checkpoint(tmp_path / "new", ["model=cnn"])
-    assert caplog.text.count("Skipping") == 2
-
-
-def test_a_resume_names_the_optimizer_and_scheduler_settings_it_cannot_change():
-    from litforge.resume import settings_that_resuming_ignores
-
-    saved = {
-        "optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 0.001},
-        "scheduler": {"_target_": "torch.optim.lr_scheduler.CosineAnnealingLR", "T_max": 1},
-    }
-    checkpoint = {"hyper_parameters": saved}
-    assert settings_that_resuming_ignores(checkpoint, saved) == []
-    longer = {**saved, "scheduler": {**saved["scheduler"], "T_max": 3, "interval": "step"}}
-    assert settings_that_resuming_ignores(checkpoint, longer) == [
-        "model.scheduler.T_max=3 (saved: 1)"  # (interval: Lightning's, read anew)
-    ]
-    other = {**saved, "optimizer": {**saved["optimizer"], "lr": 0.01, "weight_decay": 0.1}}
-    assert settings_that_resuming_ignores(checkpoint, other) == [
-        "model.optimizer.lr=0.01 (saved: 0.001)",
-        "model.optimizer.weight_decay=0.1 (saved: None)",
-    ]
-    # Another class, or a scheduler left out: the saved states cannot go on.
-    sgd = {**saved, "optimizer": {**saved["optimizer"], "_target_": "torch.optim.SGD"}}
-    with pytest.raises(UserError, match="model.optimizer._target_=torch.optim.SGD, but the"):
-        settings_that_resuming_ignores(checkpoint, sgd)
-    with pytest.raises(UserError, match="model.scheduler._target_=None, but the checkpoint"):
-        settings_that_resuming_ignores(checkpoint, {**saved, "scheduler": None})
-
-
-def test_auto_starts_fresh_without_a_checkpoint_but_testing_needs_one(tmp_path, caplog):
-    caplog.set_level(logging.INFO)
-    assert auto_checkpoint(str(tmp_path)) is None
-    assert f"No checkpoint in {tmp_path / 'checkpoints'}, starting fresh" in caplog.text
-    with pytest.raises(UserError, match=r"ckpt_path=auto: no checkpoint in .* to test"):
-        auto_checkpoint(str(tmp_path), fitting=False)
-
-
-def test_ckpt_path_last_finds_the_newest_run_of_the_same_command(tmp_path, caplog):
-    caplog.set_level(logging.INFO)
-    runs = tmp_path / "runs"
-    for age, (name, override) in enumerate(
-        [
-            ("d", "model=cnn"),  # the newest, but its checkpoint is cut off
-            ("c", "model=cnn"),  # no checkpoint yet
-            ("b", "model=mlp"),  # another command
-            ("a", "model=cnn"),
-        ]
-    ):
-        (runs / name / ".hydra").mkdir(parents=True)
-        (runs / name / ".hydra" / "overrides.yaml").write_text(f"- {override}\n")
-        last = runs / name / "checkpoints" / "last.ckpt"
-        if name in "ab":
-            state = {"state_dict": {}, "epoch": 1, "global_step": 8, **WRITTEN_BY}
-            AtomicCheckpointIO().save_checkpoint(state, last)
-        elif name == "d":
-            last.parent.mkdir()
-            last.write_bytes(b"PK\x03\x04 cut off by a crash")
-        if last.exists():
-            os.utime(last, (1e9 - age, 1e9 - age))
-    new = runs / "new"  # the run's own folder, just made
-    new.mkdir()
-    found = last_checkpoint(new, ["model=cnn", "ckpt_path=last"])
-    assert found == runs / "a" / "checkpoints" / "last.ckpt"
-    assert f"Resuming from {found} (epoch 1, step 8); this run writes into {new}" in caplog.text
-    assert last_checkpoint(new, ["model=mlp"]) == runs / "b" / "checkpoints" / "last.ckpt"
-    with pytest.raises(UserError, match="ckpt_path=last: no earlier run of this command"):
-        last_checkpoint(new, ["model=mlp", "seed=1"])
-    # A folder given (hydra.run.dir=<a run>) that holds checkpoints: its own, whatever the command.
-    assert last_checkpoint(runs / "b", ["seed=1"]) == runs / "b" / "checkpoints" / "last.ckpt"
+    data = SimpleNamespace(hparams={}, class_names=["a", "b"], input_shape=(1, 2, 2))
+    data.mean, data.std = [0.5], [0.5]
+    with pytest.raises(UserError, match="model.optimizer._target_=torch.optim.SGD, but x.ckpt"):
+        check_fits(checkpoint, "x.ckpt", model, data, fitting=True)
+    check_fits(checkpoint, "x.ckpt", model, data, fitting=False)  # testing: no optimizer
 
 
 @pytest.mark.slow
-def test_ckpt_path_last_continues_the_run_of_the_same_command_in_a_new_folder(
+def test_resuming_a_finished_run_with_more_epochs_goes_on_at_a_learning_rate_above_0(
     tmp_path, idx_data_dir
 ):
+    """`ckpt_path=last` in the run's folder (`hydra.run.dir`); its cosine schedule, configured
+    to end at trainer.max_epochs, stretches to the new end instead of staying at 0. A new
+    folder has no checkpoint yet: the run starts fresh, saying so."""
     logs = tmp_path / "logs"
     command = [*tiny_run_args(idx_data_dir, None), f"paths.log_dir={logs}"]
     first = run_in_process("train.py", *command)
     assert first.returncode == 0, first.stderr[-3000:]
     [run] = (logs / "train" / "runs").iterdir()
 
-    again = run_in_process("train.py", *command, "ckpt_path=last")
-    assert again.returncode == 0, again.stderr[-3000:]
-    [new] = set((logs / "train" / "runs").iterdir()) - {run}  # a folder of its own
-    assert (
-        f"Resuming from {run / 'checkpoints' / 'last.ckpt'} (epoch 0, step 10); this run writes "
-        f"into {new}" in again.stdout + again.stderr
-    )
-    # that run had finished: nothing to train, said so, and its metrics are reported anew
-    assert "already reached trainer.max_epochs=1: nothing left to train" in again.stdout
-    assert "no effect" not in again.stdout + again.stderr  # the same settings
+    short = ["trainer.limit_train_batches=1", "trainer.limit_val_batches=1", "test=false"]
+    fresh = run_in_process("train.py", *command, *short, "ckpt_path=last")
+    assert "to resume (ckpt_path=last): starting fresh" in fresh.stdout + fresh.stderr
 
     more = ["trainer.max_epochs=3", f"hydra.run.dir={run}", "ckpt_path=last"]
     longer = run_in_process("train.py", *command, *more)
-    assert longer.returncode == 0, longer.stderr[-3000:]
-    assert (  # the default cosine schedule ends at trainer.max_epochs
-        "so model.scheduler.T_max=3 (saved: 1) has no effect" in longer.stdout + longer.stderr
-    )
-    assert "val/acc_best" in json.loads((new / "metrics.json").read_text())
-
-    other = run_in_process("train.py", *command, "seed=7", "ckpt_path=last")
-    assert other.returncode == 1
-    assert "ckpt_path=last: no earlier run of this command" in other.stderr
+    output = longer.stdout + longer.stderr
+    assert longer.returncode == 0, output[-3000:]
+    assert f"Resuming from {run / 'checkpoints' / 'last.ckpt'}" in output
+    assert "the new schedule goes on from step 1, learning rate 0.00075" in output
+    rates = [float(row["lr-AdamW"]) for row in csv_rows(run) if "lr-AdamW" in row]
+    assert rates == pytest.approx([0.001, 0.00075, 0.00025])  # cos over 3 epochs, not 0
 
 
-def test_a_folder_of_shards_is_left_to_the_strategy_and_refused_by_file_readers(tmp_path):
-    from litforge.resume import checked_checkpoint
-
+def test_a_folder_of_shards_is_left_to_the_strategy_that_wrote_it(tmp_path):
     folder = tmp_path / "run" / "checkpoints" / "last.ckpt"
     folder.mkdir(parents=True)
     (folder / ".metadata").write_bytes(b"")
-    adamw = {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 0.001}
-    torch.save({"hyper_parameters": {"optimizer": adamw}}, folder / "meta.pt")  # as Lightning
-    model = SimpleNamespace(hparams={"optimizer": adamw})
-    kept = checked_checkpoint(str(folder), str(tmp_path / "run"), model, None, True)
-    assert kept == (str(folder), None)  # the strategy reads it
-    # Its settings are checked as a file's: the saved optimizer state fits only AdamW.
-    model.hparams = {"optimizer": {**adamw, "_target_": "torch.optim.SGD"}}
-    with pytest.raises(UserError, match="model.optimizer._target_=torch.optim.SGD, but the"):
-        checked_checkpoint(str(folder), str(tmp_path / "run"), model, None, True)
-    with pytest.raises(UserError, match="is a folder of shards: training resumes from it with"):
+    with pytest.raises(UserError, match="is a folder of shards: the strategy that wrote it"):
         AtomicCheckpointIO().load_checkpoint(folder)
 
 
@@ -381,7 +302,6 @@ def test_a_checkpoint_of_lightning_before_2_is_refused(tmp_path):
     to delete: `checkpoint_callback_best_model_path`) from keys of their own: refused."""
     from helpers import write_cnn_checkpoint
 
-    from litforge.checkpoints import read_checkpoint
 
     path = write_cnn_checkpoint(tmp_path / "cnn.ckpt", 32)
     checkpoint = torch.load(path, weights_only=True)
@@ -389,11 +309,11 @@ def test_a_checkpoint_of_lightning_before_2_is_refused(tmp_path):
     checkpoint["checkpoint_callback_best_model_path"] = "local:///victim"
     torch.save(checkpoint, path)
     with pytest.raises(UserError, match="was written by Lightning 0.9.0, before 2.0"):
-        read_checkpoint(path)
+        read(path)
     del checkpoint["pytorch-lightning_version"]
     torch.save(checkpoint, path)
     with pytest.raises(UserError, match="names no Lightning version that wrote it"):
-        read_checkpoint(path)
+        read(path)
 
 
 def test_a_checkpoint_naming_a_file_through_a_link_deletes_nothing(tmp_path, idx_data_dir, caplog):

@@ -1,17 +1,22 @@
-"""Checkpoints: writing; reading (a checkpoint is data: `check_registered` lets it build only what
-`litforge.models` registers); checking one fits the configured data and model. Which one a run
-continues from: `resume`."""
+"""Checkpoints: written whole (`AtomicCheckpointIO`, `LastCheckpoint`); read as data by `read`,
+the one check every loading goes through (Lightning's too: `AtomicCheckpointIO.load_checkpoint`);
+what a checkpoint may build (`trusted_class`: classes of this project's packages, of `torch.nn`
+and `torch.optim`, and of `TRUSTED_PACKAGES`); the module it holds (`load_module`)."""
 
-import contextlib
 import copy
 import functools
+import importlib
+import importlib.util
 import inspect
 import logging
 import os
 import random
-import tempfile
+import re
+import sys
+import types
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +28,27 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from litforge.errors import UserError, check_number
 
 log = logging.getLogger(__name__)
 warning_on_rank_zero = rank_zero_only(log.warning)
+info_on_rank_zero = rank_zero_only(log.info)
 FIX = "Point it at a checkpoint written by train.py (<run dir>/checkpoints/)."
 MAX_CLASSES = 10_000  # of a checkpoint (`check_settings`)
+# Third-party packages whose classes a checkpoint may build (a network config naming, say,
+# `timm.layers.Mlp`): add yours here. Beside them: this project's own packages (`src/<name>/`
+# and `<name>/` of this checkout) and torch's building blocks.
+TRUSTED_PACKAGES: tuple[str, ...] = ()
+TORCH_PACKAGES = ("torch.nn", "torch.optim")  # (torch.optim.lr_scheduler is in torch.optim)
+ROOT = Path(__file__).resolve().parents[2]  # the checkout, in src/<package>/checkpoints.py
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Write beside the target, flush, rename over it: a kill mid-write leaves the old one whole.
-    (Lightning's stages it in $TMPDIR, maybe another file system: a mere copy, Lightning #21253)"""
+    """Writes beside the target, flushes, renames over it: a kill mid-write leaves the old one
+    whole (Lightning's stages it in $TMPDIR, maybe another file system: a mere copy, Lightning
+    #21253). Reads through `read`: what Lightning resumes or tests from is checked as data."""
 
     def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
         if storage_options is not None:
@@ -52,12 +66,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             partial.unlink(missing_ok=True)
 
     def load_checkpoint(self, path, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        if Path(path).is_dir():  # the strategies that write folders of shards read them too
-            raise UserError(
-                f"{path} is a folder of shards: training resumes from it with the strategy and "
-                f"sizes that wrote it (to test it: train=false)."
-            )
-        return super().load_checkpoint(path, *args, **kwargs)
+        return read(path)
 
 
 class LastCheckpoint(ModelCheckpoint):
@@ -126,10 +135,35 @@ class LastCheckpoint(ModelCheckpoint):
             self.save(trainer)
 
 
+@contextmanager
+def stopped_by_sigterm(trainer: L.Trainer, what: str) -> Iterator[None]:
+    """Exit with 143 (128 + SIGTERM, what schedulers expect), saying so, where Lightning's
+    SIGTERMException exits with 0 (up to 2.6.6, Lightning #19916)."""
+    try:
+        yield
+    except SIGTERMException:
+        if trainer.is_global_zero:
+            saved = [cb for cb in trainer.callbacks if isinstance(cb, LastCheckpoint)]
+            where = f"saved to {saved[0].path}" if saved else "not saved"
+            how = how_to_resume(trainer.default_root_dir)
+            log.warning(
+                f"Stopped while {what} at epoch {trainer.current_epoch}, step "
+                f"{trainer.global_step}; checkpoint {where}: {how}."
+            )
+        sys.exit(143)
+
+
+def how_to_resume(run: str | None = None) -> str:
+    run_dir = override("hydra.run.dir", run) if run else "hydra.run.dir=<its run folder>"
+    return f"to resume, run the same command with {run_dir} ckpt_path=last"
+
+
 class ResumeState(L.Callback):
-    """Saves what Lightning leaves out: the random generators' states (a resumed run draws the
-    same dropout and augmentations). And a run resumed into a new folder goes on from the best
-    checkpoints so far, as one that was never stopped would."""
+    """What Lightning leaves out of a checkpoint: the random generators' states (a resumed run
+    draws the same dropout and augmentations), the module's class and the data's settings (what
+    `eval.py` and the deploy commands rebuild it with). And resuming follows the run's config:
+    the learning-rate schedule the module configures now (a longer run's stretches), and the
+    best checkpoints so far when resumed into a new folder."""
 
     _states: dict[str, Any] | None = None
 
@@ -138,13 +172,21 @@ class ResumeState(L.Callback):
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             states["cuda"] = torch.cuda.get_rng_state_all()
         checkpoint["rng_states"] = states
+        checkpoint["module_class"] = class_path(type(pl_module))
+        data = trainer.datamodule
+        if all(hasattr(data, k) for k in ("input_shape", "class_names", "mean", "std")):
+            checkpoint["data"] = {
+                "input_shape": [int(n) for n in data.input_shape],
+                "class_names": [str(name) for name in data.class_names],
+                "mean": [float(m) for m in data.mean],
+                "std": [float(s) for s in data.std],
+            }
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         self._states = checkpoint.get("rng_states")
         # Lightning's ModelCheckpoint restores the scores of the best checkpoints only from its
         # own folder: resumed into a new one, its next epoch would be "the best" whatever its
-        # score, and a run that did not improve would test other weights than an uninterrupted
-        # one. Called before the callbacks load their states: they take them as their own. The
+        # score. Called before the callbacks load their states: they take them as their own. The
         # earlier best files stay where they are (ModelCheckpoint deletes only inside its
         # folder, by the path's words: `check_callback_paths` on reading and `keep_files_in`
         # here keep those words true).
@@ -162,6 +204,8 @@ class ResumeState(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Not when loading: after the sanity check, before the first batch, where the run stopped.
+        if trainer.ckpt_path and trainer.lr_scheduler_configs:
+            follow_configured_schedule(trainer, pl_module)
         if self._states is None:
             return
         torch.set_rng_state(self._states["torch"])
@@ -169,6 +213,44 @@ class ResumeState(L.Callback):
         if "cuda" in self._states and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(self._states["cuda"])
         self._states = None
+
+
+def follow_configured_schedule(trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    """Lightning restores a resumed run's schedulers with their saved settings: a cosine over
+    the old `trainer.max_epochs` stays at its end, learning rate 0, for every added epoch. When
+    the module now configures other settings, its new schedule is replayed to the resumed step
+    and replaces the saved one, learning rates included (the optimizers' other states stay)."""
+    fresh = pl_module.configure_optimizers()
+    if isinstance(fresh, Mapping):  # (the forms of `configure_optimizers` with one scheduler)
+        fresh = fresh.get("lr_scheduler")
+    fresh = fresh.get("scheduler") if isinstance(fresh, Mapping) else fresh
+    restored = trainer.lr_scheduler_configs[0].scheduler
+    if len(trainer.lr_scheduler_configs) > 1 or type(fresh) is not type(restored):
+        return  # (several schedulers, or other forms: their saved states go on as they are)
+    if isinstance(fresh, ReduceLROnPlateau) or _settings(fresh) == _settings(restored):
+        return
+    with warnings.catch_warnings():  # (stepped without an optimizer step: said by torch)
+        warnings.simplefilter("ignore")
+        for _ in range(restored.last_epoch):
+            fresh.step()
+    restored.load_state_dict(fresh.state_dict())
+    for group, replayed in zip(
+        restored.optimizer.param_groups, fresh.optimizer.param_groups, strict=True
+    ):
+        group["lr"] = replayed["lr"]
+        group["initial_lr"] = replayed.get("initial_lr", replayed["lr"])
+    info_on_rank_zero(
+        f"Resuming with other scheduler settings than the checkpoint's "
+        f"({', '.join(f'{k}={v}' for k, v in _settings(fresh).items())}): the new schedule goes on "
+        f"from step {restored.last_epoch}, learning rate {restored.get_last_lr()[0]:.3g}."
+    )
+
+
+def _settings(scheduler: Any) -> dict[str, Any]:
+    """A scheduler's own settings: its state but how far it has gone."""
+    progress = {"last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "verbose"}
+    progress |= {"_is_initial", "base_lrs", "optimizer"}
+    return {k: v for k, v in scheduler.state_dict().items() if k not in progress}
 
 
 def keep_files_in(
@@ -198,68 +280,27 @@ def keep_files_in(
         )
 
 
-def is_whole(folder: Path) -> bool:
-    """Shards are whole once Lightning wrote meta.pt after .metadata (rewritten in place)."""
-    return (folder / ".metadata").is_file() and (folder / "meta.pt").is_file()
-
-
-def _read_shards(folder: Path) -> dict[str, Any]:
-    """A folder of shards (torch.distributed.checkpoint, with Lightning's meta.pt) as one dict,
-    through torch's public converter to a single file (written to a temporary folder)."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    with tempfile.TemporaryDirectory(prefix="litforge-shards-") as temporary:
-        whole = Path(temporary) / "checkpoint.pt"
-        dcp_to_torch_save(folder, whole)
-        checkpoint = torch.load(whole, map_location="cpu", weights_only=True)
-    checkpoint.update(torch.load(folder / "meta.pt", map_location="cpu", weights_only=True))
-    return checkpoint
-
-
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The checkpoint in `path` (a file, or a folder of shards), or a UserError saying why not."""
+def read(path: str | Path) -> dict[str, Any]:
+    """The checkpoint file `path`, checked as data, or a UserError saying why not: a file
+    torch.save wrote (read with `weights_only=True`: no pickled code runs), a Lightning
+    checkpoint of 2.0 or later, whose callback states name only files as Lightning writes them
+    and whose settings build only what `trusted_class` allows. Read once per command: the last
+    file read is kept, for Lightning's loading that follows (`AtomicCheckpointIO`)."""
+    global _last_read
     path = Path(path).expanduser()
-    if not path.exists():
-        near = sorted(p.name for p in path.parent.glob("*.ckpt")) if path.parent.is_dir() else []
-        there = f" {path.parent} holds: {', '.join(near[:4])}." if near else ""
-        raise UserError(f"ckpt_path={path}: no such file.{there}")
-    if path.is_dir() and not is_whole(path):  # a folder of shards cut off, or of checkpoints
-        # A run's checkpoints/, or Lightning's own checkpoint folder under a logger's folder
-        # (callbacks=none); several: a folder of runs.
-        own = path / "checkpoints"
-        folders = [own, *path.glob("*/checkpoints"), *path.glob("*/*/checkpoints")]
-        folders = [f for f in folders if any(f.glob("*.ckpt"))]
-        if len(folders) > 1 and folders[0] != own:
-            newest = max((f for d in folders for f in d.glob("*.ckpt")), key=os.path.getmtime)
+    if not path.is_file():
+        raise UserError(_not_a_file(path))
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    if _last_read is not None and _last_read[0] == key:
+        return _last_read[1]
+    with path.open("rb") as f:
+        if f.read(4) != b"PK\x03\x04":  # what torch.save writes
             raise UserError(
-                f"ckpt_path={path} holds the checkpoints of several runs: give one, e.g. the "
-                f"newest, {override('ckpt_path', newest)}"
+                f"ckpt_path={path} is not a checkpoint (not a file torch.save wrote). {FIX}"
             )
-        folder = folders[0] if folders else path
-        found = sorted(p.name for p in folder.glob("*.ckpt"))
-        if not found:
-            raise UserError(
-                f"ckpt_path={path} is a folder, but neither a checkpoint nor a run folder with "
-                f"checkpoints. {FIX}"
-            )
-        best = [name for name in found if name != "last.ckpt"]
-        choices = [f"{override('ckpt_path', folder / 'last.ckpt')} (the latest)"]
-        choices = choices if "last.ckpt" in found else []
-        choices += [f"{override('ckpt_path', folder / best[-1])} (the best)"] if best else []
-        raise UserError(
-            f"ckpt_path={path} is a folder of checkpoints: give one, e.g. {' or '.join(choices)}"
-        )
-    if path.is_file():
-        with path.open("rb") as f:
-            if f.read(4) != b"PK\x03\x04":  # what torch.save writes
-                raise UserError(
-                    f"ckpt_path={path} is not a checkpoint (not a file torch.save wrote). {FIX}"
-                )
-    try:
-        if path.is_dir():
-            checkpoint = _read_shards(path)
-        else:  # mmap: tensors are read when used, so checking a large checkpoint costs little
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    try:  # mmap: tensors are read when used, so checking a large checkpoint costs little
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # torch.load raises many kinds on foreign bytes
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UserError(
@@ -270,10 +311,61 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
             f"ckpt_path={path} is a torch file but not a Lightning checkpoint (no 'state_dict'). "
             + FIX
         )
-    migrated = as_lightning_reads_it(checkpoint, f"ckpt_path={path}")
-    check_registered(migrated, f"ckpt_path={path}")
-    check_callback_paths(migrated, f"ckpt_path={path}")
+    where = f"ckpt_path={path}"
+    migrated = as_lightning_reads_it(checkpoint, where)
+    check_callback_paths(migrated, where)
+    check_settings_data(migrated, where)
+    _last_read = (key, checkpoint)
     return checkpoint
+
+
+_last_read: tuple[tuple, dict[str, Any]] | None = None
+
+
+def _not_a_file(path: Path) -> str:
+    if not path.exists():
+        near = sorted(p.name for p in path.parent.glob("*.ckpt")) if path.parent.is_dir() else []
+        there = f" {path.parent} holds: {', '.join(near[:4])}." if near else ""
+        return f"ckpt_path={path}: no such file.{there}"
+    if (path / ".metadata").is_file():
+        return (
+            f"ckpt_path={path} is a folder of shards: the strategy that wrote it reads it "
+            f"(strategy=<that one> train=false tests it)."
+        )
+    # A run's checkpoints/, or Lightning's own under a logger's folder (callbacks=none).
+    folders = [path / "checkpoints", *path.glob("*/checkpoints"), path]
+    folder = next((f for f in folders if any(f.glob("*.ckpt"))), path)
+    found = sorted(p.name for p in folder.glob("*.ckpt"))
+    if not found:
+        return (
+            f"ckpt_path={path} is a folder, but neither a checkpoint nor a run folder with "
+            f"checkpoints. {FIX}"
+        )
+    best = [name for name in found if name != "last.ckpt"]
+    choices = [f"{override('ckpt_path', folder / 'last.ckpt')} (the latest)"]
+    choices = choices if "last.ckpt" in found else []
+    choices += [f"{override('ckpt_path', folder / best[-1])} (the best)"] if best else []
+    return f"ckpt_path={path} is a folder of checkpoints: give one, e.g. {' or '.join(choices)}"
+
+
+def checkpoint_file(ckpt_path: str, checkpoint_dirs: Sequence[str | Path]) -> str | None:
+    """The file `ckpt_path` means: `last`, as in Lightning, the newest `last*.ckpt` in this
+    run's checkpoint folders (None, said, when there is none yet: the run starts fresh); a run
+    folder, its `checkpoints/last.ckpt`; else the path as given."""
+    if ckpt_path == "last":
+        found = [p for d in checkpoint_dirs for p in Path(d).glob("last*.ckpt")]
+        if not found:
+            info_on_rank_zero(
+                f"No checkpoint in {', '.join(map(str, checkpoint_dirs))} to resume "
+                f"(ckpt_path=last): starting fresh. An earlier run's folder: give "
+                f"hydra.run.dir=<it> (where it goes on), or ckpt_path=<it>."
+            )
+            return None
+        newest = max(found, key=os.path.getmtime)
+        info_on_rank_zero(f"Resuming from {newest}")
+        return str(newest)
+    run_last = Path(ckpt_path).expanduser() / "checkpoints" / "last.ckpt"
+    return str(run_last) if run_last.exists() else ckpt_path
 
 
 def as_lightning_reads_it(checkpoint: dict[str, Any], where: str) -> dict[str, Any]:
@@ -308,97 +400,131 @@ def override(key: str, path: str | Path) -> str:
     return f"\"{key}='{path}'\"" if "=" in str(path) else f"{key}={path}"
 
 
-def check_registered(
-    checkpoint: dict[str, Any], where: str, module_class: type | None = None
-) -> None:
-    """A UserError unless what the checkpoint's settings would build is registered in
-    `litforge.models` (matched exactly) and its other settings are plain values of the right
-    kinds: checked on reading, before anything is built or any module imported. The settings
-    checked are those Lightning would pass to `module_class`'s constructor (each class of
-    `MODULES` when None): `module_arguments`."""
-    from litforge.data.images import INTERPOLATIONS
-    from litforge.models import MODULES
-
-    data = checkpoint.get("datamodule_hyper_parameters") or {}
-    if not isinstance(data, dict):
-        raise UserError(f"{where} holds hyper-parameters that are no dict of settings. {FIX}")
-    for cls in [module_class] if module_class else MODULES:
-        try:
-            check_module_arguments(module_arguments(checkpoint, cls), cls)
-        except UserError as err:
-            raise UserError(f"{where}: {err}") from None
-    if data.get("interpolation") not in (None, *INTERPOLATIONS):
-        raise UserError(
-            f"{where}: data.interpolation={data['interpolation']!r} is none of {INTERPOLATIONS}."
-        )
-    if not isinstance(data.get("name", ""), str):
-        raise UserError(f"{where}: its dataset name {data['name']!r} is no name. {FIX}")
-
-
-def module_arguments(checkpoint: Mapping[str, Any], module_class: type) -> dict[str, Any]:
-    """What Lightning's `load_from_checkpoint` passes from `checkpoint` to `module_class`'s
-    constructor, gathered as Lightning gathers it (`lightning.pytorch.core.saving._load_state`;
-    tests/test_eval.py holds the two the same): `hyper_parameters`, all as one argument when
-    `hparams_name` names a parameter. Settings the constructor does not take are kept: the check
-    refuses them. The older keys Lightning still merges in (`CHECKPOINT_PAST_HPARAMS_KEYS`) are
-    refused: no checkpoint of today holds them, and a caller's `hparams_file` would replace
-    `hyper_parameters` but not them."""
+def check_settings_data(checkpoint: Mapping[str, Any], where: str) -> None:
+    """The checkpoint's settings (what Lightning passes to the module's constructor, and the
+    data's) are plain values and configs that build only trusted classes (`check_targets`),
+    checked before anything is built. The keys of Lightning before 1.0 that its loading still
+    merges in (`CHECKPOINT_PAST_HPARAMS_KEYS`) are refused: train.py never writes them, and a
+    caller's `hparams_file` would replace `hyper_parameters` but not them."""
     if legacy := [key for key in CHECKPOINT_PAST_HPARAMS_KEYS if checkpoint.get(key)]:
         raise UserError(
-            f"it holds settings under {', '.join(legacy)}, keys of Lightning before 1.0 that "
-            f"train.py never writes. {FIX}"
+            f"{where} holds settings under {', '.join(legacy)}, keys of Lightning before 1.0 "
+            f"that train.py never writes. {FIX}"
         )
     settings = checkpoint.get("hyper_parameters") or {}
-    if not isinstance(settings, Mapping):
-        raise UserError(f"its hyper_parameters are no dict of settings. {FIX}")
+    data = checkpoint.get("datamodule_hyper_parameters") or {}
+    if not isinstance(settings, Mapping) or not isinstance(data, Mapping):
+        raise UserError(f"{where} holds hyper-parameters that are no dict of settings. {FIX}")
     if not isinstance(checkpoint.get("hparams_type") or "", str):  # Lightning would call it
-        raise UserError(f"its hparams_type {checkpoint['hparams_type']!r} is no type name. {FIX}")
-    name = checkpoint.get("hparams_name")
-    if isinstance(name, str) and name in parameters(module_class)[0]:
-        return {name: dict(settings)}
-    return dict(settings)
+        raise UserError(f"{where}: its hparams_type {checkpoint['hparams_type']!r} is no name.")
+    check_targets(settings, where, "model")
+    if not isinstance(data.get("name", ""), str):
+        raise UserError(f"{where}: its dataset name {data['name']!r} is no name. {FIX}")
+    try:
+        check_settings(**data_settings(checkpoint))
+    except UserError as err:
+        raise UserError(f"{where}: {err}") from None
 
 
-def parameters(module_class: type) -> tuple[list[str], bool]:
-    """The names of the constructor's parameters, and whether it takes any other (`**kwargs`)."""
-    signature = list(inspect.signature(module_class.__init__).parameters.values())[1:]
-    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    any_other = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in signature)
-    return [p.name for p in signature if p.kind in named], any_other
+def check_targets(value: Any, where: str, key: str) -> None:
+    """Every config in `value` (a dict with a `_target_`, at any depth) builds a trusted class
+    from plain values: no `${...}` (`oc.decode` could build anything), no Hydra keyword but
+    `_partial_`, no weights to fetch or read (`pretrained*`: a checkpoint holds its weights)."""
+    if isinstance(value, Mapping):
+        if not all(isinstance(k, str) for k in value):
+            raise UserError(f"{where}: {key} has keys that are no names: {list(value)[:8]}.")
+        if "_target_" in value:
+            trusted_class(value["_target_"], f"{where}: {key}")
+            keywords = {k for k in value if k.startswith("_") and k.endswith("_")}
+            if extra := keywords - {"_target_", "_partial_"}:
+                raise UserError(
+                    f"{where}: {key} has {', '.join(sorted(extra))}: a checkpoint's configs are "
+                    f"built from a _target_ and plain values (and _partial_) only. {FIX}"
+                )
+            if pretrained := [k for k in value if k.startswith("pretrained")]:
+                raise UserError(
+                    f"{where}: {key} has {', '.join(pretrained)}: a checkpoint holds its "
+                    f"weights, and names no weights to fetch or read."
+                )
+        for name, item in value.items():
+            check_targets(item, where, f"{key}.{name}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            check_targets(item, where, f"{key}[{i}]")
+    elif isinstance(value, str) and "${" in value:
+        raise UserError(f"{where}: {key}={value[:200]} is an interpolation, no plain value.")
 
 
-def check_module_arguments(hp: dict[str, Any], module_class: type) -> None:
-    """The settings a checkpoint gives `module_class`: only those it takes; the configs it
-    builds registered; the plain values of the right kinds."""
-    from litforge.models import NETWORKS, OPTIMIZERS, SCHEDULERS
+TRUSTED = (
+    "A checkpoint builds only classes defined in this project's packages, torch.nn, torch.optim "
+    "and litforge.checkpoints.TRUSTED_PACKAGES (docs/evaluation.md)."
+)
+DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 
-    accepted, any_other = parameters(module_class)
-    if not any_other and (unknown := [k for k in hp if k not in accepted]):
-        raise UserError(
-            f"it holds settings {class_path(module_class)} does not take: {unknown}. A "
-            f"LightningModule of yours that takes them: add it to MODULES in "
-            f"src/litforge/models/__init__.py."
-        )
-    if "input_shape" in hp:  # what eval.py also fills data settings with
-        settings = ("num_classes", "class_names", "class_weights", "mean", "std")
-        check_settings(hp["input_shape"], *(hp.get(k) for k in settings))
-    for key, kind in (("compile", bool), ("channels_last", bool)):
-        if key in hp and not isinstance(hp[key], kind):
-            raise UserError(f"{key}={hp[key]!r} is no {kind.__name__}.")
-    for key in ("label_smoothing", "backbone_lr_scale"):
-        if key in hp and (isinstance(hp[key], bool) or not isinstance(hp[key], (int, float))):
-            raise UserError(f"{key}={hp[key]!r} is no number.")
-    if hp.get("net") is not None:
-        net = check_buildable(hp["net"], "model.net", NETWORKS)
-        if pretrained := [k for k in net if k.startswith("pretrained")]:
+
+def trusted_class(target: Any, where: str) -> type:
+    """The class `target` names (`module.Class`, as a config's `_target_`), when it is defined
+    in a trusted package: this project's own (`project_packages`), `torch.nn`, `torch.optim` or
+    `TRUSTED_PACKAGES`. Exactly: the class's own module and qualified name, reached without
+    passing through another module (`litforge.models.torch.load` is torch's), and a class, no
+    function. Only modules in those packages are imported on the way: a checkpoint's names
+    never choose what code runs."""
+    shown = f"{where}._target_={str(target)[:200]!r}"
+    if not isinstance(target, str) or not DOTTED.fullmatch(target):
+        raise UserError(f"{shown} is not allowed (no module.Class name). {TRUSTED}")
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):  # the longest module first
+        module_name, names = ".".join(parts[:cut]), parts[cut:]
+        if not _trusted_module(module_name):
+            raise UserError(f"{shown} is not allowed. {TRUSTED}")
+        try:
+            obj: Any = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name is not None and module_name.startswith(err.name):
+                continue  # no such module: a shorter name is one, with a class in it
+            raise UserError(f"{shown}: importing {module_name} failed ({err}).") from None
+        for name in names:
+            obj = getattr(obj, name, None)
+            if isinstance(obj, types.ModuleType):
+                raise UserError(
+                    f"{shown} is not allowed (a name through another module). {TRUSTED}"
+                )
+        if not isinstance(obj, type):
             raise UserError(
-                f"model.net has {', '.join(pretrained)}: a checkpoint holds its weights, "
-                f"and names no weights to fetch or read."
+                f"{shown} is not allowed ({'no class' if obj else 'not found'}). {TRUSTED}"
             )
-    if hp.get("optimizer") is not None:
-        check_buildable(hp["optimizer"], "model.optimizer", OPTIMIZERS, partial=True)
-    if hp.get("scheduler") is not None:
-        check_buildable(hp["scheduler"], "model.scheduler", SCHEDULERS, partial=True)
+        if obj.__qualname__ != ".".join(names) or not _trusted_module(obj.__module__):
+            raise UserError(f"{shown} is not allowed (a class defined elsewhere). {TRUSTED}")
+        return obj
+    raise UserError(f"{shown} is not allowed. {TRUSTED}")
+
+
+def _trusted_module(name: str) -> bool:
+    within = (*TORCH_PACKAGES, *TRUSTED_PACKAGES)
+    inside = any(name == p or name.startswith(f"{p}.") for p in within)
+    return inside or name.split(".")[0] in project_packages()
+
+
+@functools.cache
+def project_packages() -> frozenset[str]:
+    """This package, and the packages of this checkout: the folders with an `__init__.py` in
+    `src/` and at its root (but `tests/`), when Python finds them there. Found on disk: nothing
+    is imported."""
+    found = {__name__.split(".")[0]}
+    if not (ROOT / "pyproject.toml").is_file():  # (installed, not a checkout: this one only)
+        return frozenset(found)
+    for folder in (ROOT / "src", ROOT):
+        for init in folder.glob("*/__init__.py"):
+            name = init.parent.name
+            spec = importlib.util.find_spec(name) if name.isidentifier() else None
+            if (
+                name != "tests"
+                and spec
+                and spec.origin
+                and Path(spec.origin).resolve() == init.resolve()
+            ):
+                found.add(name)
+    return frozenset(found)
 
 
 def check_callback_paths(checkpoint: Mapping[str, Any], where: str) -> None:
@@ -433,106 +559,16 @@ def _normal_path(path: Any) -> bool:
     return isinstance(path, str) and os.path.isabs(path) and os.path.normpath(path) == path
 
 
-def registered_name(target: object, allowed: Sequence[str]) -> str | None:
-    """The entry of `allowed` that `target` names, or None: the entry itself, or the path where
-    its class is defined. Nothing is imported by `target`'s own name: a checkpoint's names never
-    choose what code runs, not even which modules load."""
-    if not isinstance(target, str):
-        return None
-    return target if target in allowed else _defined_at(tuple(allowed)).get(target)
-
-
-@functools.cache
-def _defined_at(allowed: tuple[str, ...]) -> dict[str, str]:
-    """`module.qualname` of each listed class → its listed name (only listed names import)."""
-    from hydra.utils import get_object
-
-    found = {}
-    for name in allowed:
-        with contextlib.suppress(Exception):  # a listed network whose extra is not installed
-            obj = get_object(name)
-            found[f"{obj.__module__}.{obj.__qualname__}"] = name
-    return found
-
-
-def check_buildable(config: Any, key: str, allowed: Sequence[str], partial: bool = False) -> Any:
-    """A checkpoint's `config`, its `_target_` replaced by the registered name; a UserError
-    unless it builds one of `allowed` from plain values: no `${...}` (`oc.decode` could build
-    anything), no Hydra keyword but `_partial_: true` (`partial`: an optimizer or scheduler,
-    given its parameters later), and a `_target_` inside it only where that too is `allowed`
-    (a network config holding a backbone's)."""
-    if config is None:
-        return None
-    if not isinstance(config, Mapping):
-        plain = isinstance(config, (str, int, float, bool, list, tuple))
-        what = f"the value {str(config)[:60]!r}" if plain else f"a {type(config).__name__} object"
-        raise UserError(
-            f"{key} is {what}, not a config: the module takes {key.split('.')[-1]} as a config "
-            f"(its _target_ and values) and builds it, as litforge.models.ClassificationModule "
-            f"does."
-        )
-    target = config.get("_target_")
-    name = registered_name(target, allowed)
-    listed = {"model.scheduler": "SCHEDULERS", "model.optimizer": "OPTIMIZERS"}.get(key, "NETWORKS")
-    if name is None:
-        raise UserError(
-            f"{key}._target_={target} is not allowed: a checkpoint builds only what "
-            f"litforge.models.{listed} lists (src/litforge/models/__init__.py); if it is yours, "
-            f"add it there."
-        )
-    if not all(isinstance(k, str) for k in config):
-        raise UserError(f"{key} has keys that are no names: {list(config)}.")
-    keywords = {k for k in config if k.startswith("_") and k.endswith("_")} - {"_target_"}
-    if keywords - ({"_partial_"} if partial else set()):
-        raise UserError(
-            f"{key} has {', '.join(sorted(keywords))}: a checkpoint's {key} is built from its "
-            f"_target_ and plain values{' (and _partial_: true)' if partial else ''} only."
-        )
-    if partial and config.get("_partial_") is not True:
-        raise UserError(f"{key}._partial_ must be true: the module gives it its parameters.")
-
-    def refuse(value: Any, where: str) -> None:
-        if isinstance(value, Mapping):
-            if "_target_" in value and partial:
-                raise UserError(
-                    f"{where} has a _target_ of its own ({value['_target_']}): a checkpoint's "
-                    f"{key} is built from plain values only."
-                )
-            if "_target_" in value and registered_name(value["_target_"], allowed) is None:
-                raise UserError(
-                    f"{where} has a _target_ of its own ({value['_target_']}), which "
-                    f"litforge.models.{listed} does not list (src/litforge/models/__init__.py); "
-                    f"if it is yours, add it there."
-                )
-            if "_target_" in value:
-                check_buildable(value, where, allowed)
-                return
-            if not all(isinstance(k, str) for k in value):
-                raise UserError(f"{where} has keys that are no names: {list(value)}.")
-            for k, v in value.items():
-                refuse(v, f"{where}.{k}")
-        elif isinstance(value, Sequence) and not isinstance(value, str):
-            for i, v in enumerate(value):
-                refuse(v, f"{where}[{i}]")
-        elif isinstance(value, str) and "${" in value:
-            raise UserError(
-                f"{where}={value} is an interpolation: a checkpoint holds plain values."
-            )
-
-    refuse({k: v for k, v in config.items() if k != "_target_"}, key)
-    return {**config, "_target_": name}
-
-
 def check_settings(
-    input_shape: Any,
-    num_classes: Any,
+    input_shape: Any = None,
+    num_classes: Any = None,
     class_names: Any = None,
     class_weights: Any = None,
     mean: Any = None,
     std: Any = None,
 ) -> None:
-    """The module's plain settings are of the right kinds (a checkpoint's are data, never configs
-    to build): a UserError naming the first that is not."""
+    """The image settings a checkpoint gives are of the right kinds and sizes, where it gives
+    them (data, never configs to build): a UserError naming the first that is not."""
 
     def listed(value: Any, kind: type | tuple[type, ...]) -> bool:
         return (
@@ -543,18 +579,24 @@ def check_settings(
 
     from litforge.data.images import MAX_IMAGE_SIZE
 
-    if not (listed(input_shape, int) and len(input_shape) == 3 and min(input_shape) > 0):
-        raise UserError(f"input_shape={input_shape!r} is no (channels, height, width) of pixels.")
-    if max(input_shape[1:]) > MAX_IMAGE_SIZE or input_shape[0] > 4:
-        raise UserError(
-            f"input_shape={input_shape!r} is out of range: images of 1 to 4 channels and at most "
-            f"{MAX_IMAGE_SIZE} px a side."
-        )
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+    if input_shape is not None:
+        if not (listed(input_shape, int) and len(input_shape) == 3 and min(input_shape) > 0):
+            raise UserError(
+                f"input_shape={input_shape!r} is no (channels, height, width) of pixels."
+            )
+        if max(input_shape[1:]) > MAX_IMAGE_SIZE or input_shape[0] > 4:
+            raise UserError(
+                f"input_shape={input_shape!r} is out of range: images of 1 to 4 channels and at "
+                f"most {MAX_IMAGE_SIZE} px a side."
+            )
+    classes = num_classes if num_classes is not None else class_names and len(class_names)
+    if classes is not None and (
+        isinstance(classes, bool) or not isinstance(classes, int) or classes < 2
+    ):
         raise UserError(f"num_classes={num_classes!r} is no number of classes (2 or more).")
-    if num_classes > MAX_CLASSES:
+    if classes is not None and classes > MAX_CLASSES:
         raise UserError(
-            f"num_classes={num_classes} is out of range: at most {MAX_CLASSES:,} (the test "
+            f"num_classes={classes} is out of range: at most {MAX_CLASSES:,} (the test "
             f"confusion matrix holds num_classes² counts: {MAX_CLASSES:,} classes take 800 MB)."
         )
     if class_names is not None and not listed(class_names, str):
@@ -564,62 +606,69 @@ def check_settings(
             raise UserError(f"{name}={value!r} is no list of numbers.")
 
 
-def load_module(
-    checkpoint: dict[str, Any], ckpt_path: str, target: str | None = None
-) -> L.LightningModule:
-    """The LightningModule of `target` (a trusted config's `_target_`; else the class of
-    `litforge.models.MODULES` that the checkpoint names as its `module_class`, or the one class
-    registered) with the checkpoint's settings and weights, which `read_checkpoint` has checked:
-    a file through Lightning's `load_from_checkpoint`."""
+def data_settings(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+    """What the checkpoint says of its images: input shape, class names, normalization (a module's
+    own settings, or what `ResumeState` saved of the data)."""
+    data = checkpoint.get("data") if isinstance(checkpoint.get("data"), Mapping) else {}
+    hp = checkpoint.get("hyper_parameters") or {}
+    names = ("input_shape", "num_classes", "class_names", "class_weights", "mean", "std")
+    return {k: hp[k] if hp.get(k) is not None else data.get(k) for k in names}
+
+
+def module_arguments(checkpoint: Mapping[str, Any], module_class: type) -> dict[str, Any]:
+    """What Lightning's `load_from_checkpoint` passes from `checkpoint` to `module_class`'s
+    constructor, gathered as Lightning gathers it (`lightning.pytorch.core.saving._load_state`;
+    tests/test_eval.py holds the two the same): `hyper_parameters`, all as one argument when
+    `hparams_name` names a parameter (the older keys it merges in: refused on reading)."""
+    settings = dict(checkpoint.get("hyper_parameters") or {})
+    name = checkpoint.get("hparams_name")
+    parameters = list(inspect.signature(module_class.__init__).parameters)[1:]
+    return {name: settings} if isinstance(name, str) and name in parameters else settings
+
+
+def module_class(checkpoint: Mapping[str, Any], where: str, target: str | None = None) -> type:
+    """The LightningModule class: `target` (a trusted config's `model._target_`), else the one
+    the checkpoint names (`ResumeState` saves it) when `trusted_class` allows it, else ours."""
     from hydra.utils import get_class
 
-    from litforge.models import MODULES
-
-    registered = {class_path(m): m for m in MODULES}
-    trained_as = checkpoint.get("module_class")
-    trained_as = trained_as if isinstance(trained_as, str) else None
-    if target is None and trained_as not in registered and len(MODULES) != 1:
-        raise UserError(
-            f"{ckpt_path}: several LightningModules are registered in litforge.models.MODULES; "
-            f"add model=<the model config it was trained with>."
-        )
-    module_class = get_class(target) if target else registered.get(trained_as, MODULES[0])
-    if trained_as and trained_as != class_path(module_class):
-        shown = repr(trained_as[:200])  # (the checkpoint's text: no control characters)
-        fix = "" if target else " Add the class to litforge.models.MODULES to load it as such."
-        warning_on_rank_zero(
-            f"{ckpt_path} was written by the LightningModule {shown}: loading it as "
-            f"{class_path(module_class)}.{fix}"
-        )
-    if "hyper_parameters" not in checkpoint:
-        raise UserError(
-            f"{ckpt_path} holds no hyper-parameters (its module did not call "
-            f"save_hyperparameters): it cannot be rebuilt from the checkpoint alone."
-        )
-    if target:  # (read_checkpoint checked the settings for each class of MODULES)
-        check_registered(checkpoint, ckpt_path, module_class)
-    check_sizes(checkpoint, module_class, ckpt_path)
-    if Path(ckpt_path).is_file():
-        return module_class.load_from_checkpoint(ckpt_path, map_location="cpu", weights_only=True)
-    model = module_class(**module_arguments(checkpoint, module_class))  # a folder of shards
-    model.load_state_dict(checkpoint["state_dict"])
-    return model
+    if target or not checkpoint.get("module_class"):  # (a run without ResumeState: ours)
+        return get_class(target or "litforge.models.ClassificationModule")
+    found = trusted_class(checkpoint["module_class"], f"{where}: module_class")
+    if not issubclass(found, L.LightningModule):
+        raise UserError(f"{where}: module_class={class_path(found)} is no LightningModule.")
+    return found
 
 
-def check_sizes(checkpoint: dict[str, Any], module_class: type, ckpt_path: str) -> None:
-    """The module its settings build has the shapes of the checkpoint's tensors: built on the
-    meta device first (no memory), so that settings naming a larger network than the
-    checkpoint holds are refused before anything is allocated."""
+def build_module(checkpoint: dict[str, Any], cls: type, where: str) -> L.LightningModule:
+    """`cls` with the checkpoint's settings (its weights not loaded): `check_sizes` first."""
+    check_sizes(checkpoint, cls, where)
+    return cls(**module_arguments(checkpoint, cls))
+
+
+def check_sizes(checkpoint: dict[str, Any], cls: type, where: str) -> None:
+    """Built on the meta device first (no memory), the module has the shapes of the checkpoint's
+    tensors: settings naming a larger network than they hold are refused before anything is
+    allocated."""
+    arguments = module_arguments(checkpoint, cls)
     try:
         with torch.device("meta"):
-            model = module_class(**module_arguments(checkpoint, module_class))
+            model = cls(**arguments)
     except UserError as err:
-        raise UserError(f"{ckpt_path}: {err}") from None
+        raise UserError(f"{where}: {err}") from None
     except Exception as err:  # settings that build nothing: any kind a constructor raises
         first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise UserError(f"{ckpt_path}: its settings build no module ({first_line[:200]}).") from err
+        raise UserError(f"{where}: its settings build no module ({first_line[:200]}).") from err
     fix = "Its settings do not fit its weights: it was not written by train.py."
-    check_same_shapes(checkpoint["state_dict"], model.state_dict(), ckpt_path, fix)
+    check_same_shapes(checkpoint["state_dict"], model.state_dict(), where, fix)
+
+
+def load_module(path: str | Path, target: str | None = None) -> L.LightningModule:
+    """The module a checkpoint file holds, for other programs (predict, export, serve): checked
+    by `read`, built by `build_module`, its weights loaded by Lightning's `load_from_checkpoint`."""
+    checkpoint = read(path)
+    cls = module_class(checkpoint, f"ckpt_path={path}", target)
+    check_sizes(checkpoint, cls, f"ckpt_path={path}")
+    return cls.load_from_checkpoint(path, map_location="cpu", weights_only=True)
 
 
 def class_path(cls: type) -> str:
@@ -639,7 +688,7 @@ def check_same_dataset(
             f"{ckpt_path} was trained on '{trained_on}', the config selects "
             f"'{dataset}'. Add data={trained_on}."
         )
-    trained_classes = (checkpoint.get("hyper_parameters") or {}).get("class_names")
+    trained_classes = data_settings(checkpoint)["class_names"]
     if trained_classes and class_names and list(trained_classes) != list(class_names):
         shown = ", ".join(trained_classes[:6]) + (", ..." if len(trained_classes) > 6 else "")
         raise UserError(

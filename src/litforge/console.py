@@ -23,6 +23,8 @@ QUIET_WARNINGS = (
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
     # torchdata 0.11's StatefulDataLoader calls torch.set_vital, deprecated in torch 2.14.
     (r"'set_vital' is deprecated", UserWarning),
+    # Testing a checkpoint (eval.py) needs none of the callbacks that wrote it.
+    (r"Be aware that when using `ckpt_path`, callbacks used to create", UserWarning),
 )
 
 

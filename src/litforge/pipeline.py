@@ -5,10 +5,12 @@ fit and test the best checkpoint, or test the module a checkpoint names → `met
 import contextlib
 import copy
 import gc
+import inspect
 import json
 import logging
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from litforge import checkpoints, resume
+from litforge import checkpoints
 from litforge.callbacks import LogRunConfig
 from litforge.checks import accelerator_is_cpu, check_config
 from litforge.console import CONFIG_TREE, print_config, print_metrics, quiet_lightning
@@ -111,9 +113,13 @@ def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
 
 
 def build_model(cfg: DictConfig, datamodule: L.LightningDataModule) -> L.LightningModule:
-    # net, optimizer and scheduler stay configs: the module builds them.
+    """The module of `model`, given what the data says (input shape, classes, normalization:
+    `model_arguments`) where its constructor takes it and the config does not set it. Its
+    configs (net, optimizer, scheduler) stay configs: the module builds them."""
     arguments = model_arguments(datamodule)
-    model = instantiate(cfg.model, **arguments, _recursive_=False)
+    declared = inspect.signature(hydra.utils.get_class(cfg.model._target_)).parameters
+    given = {k: v for k, v in arguments.items() if k in declared and k not in cfg.model}
+    model = instantiate(cfg.model, **given, _recursive_=False)
     if any(entry and entry.get("log_graph") for entry in (cfg.get("logger") or {}).values()):
         # Only then: the model summary would run it too, which a sharded model can't on one rank.
         model.example_input_array = torch.zeros(2, *arguments["input_shape"])
@@ -193,7 +199,7 @@ def fit(trainer: L.Trainer, model: L.LightningModule, datamodule, ckpt_path=None
     gc.freeze()
     try:
         with (
-            resume.stopped_by_sigterm(trainer, "training"),
+            checkpoints.stopped_by_sigterm(trainer, "training"),
             lost_process_ends_the_job(trainer.strategy),
         ):
             trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
@@ -202,7 +208,7 @@ def fit(trainer: L.Trainer, model: L.LightningModule, datamodule, ckpt_path=None
 
 
 def test(trainer: L.Trainer, model: L.LightningModule, datamodule, ckpt_path=None) -> None:
-    with resume.stopped_by_sigterm(trainer, "testing"):
+    with checkpoints.stopped_by_sigterm(trainer, "testing"):
         trainer.test(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
 
 
@@ -210,22 +216,17 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """Fit, then test the best checkpoint; with `train=false`, test `ckpt_path`."""
     start(cfg)
     fitting = cfg.get("train")
-    ckpt_path, checkpoint = cfg.get("ckpt_path"), None
-    if ckpt_path == "auto":  # before the loggers, which append to a resumed run's logs
-        found = resume.auto_checkpoint(cfg.paths.output_dir, fitting=fitting)
-        ckpt_path = str(found) if found else None
-    cfg.ckpt_path = ckpt_path  # train.yaml has the key: the run's logged config gets the path
     datamodule = build_datamodule(cfg)
     model = build_model(cfg, datamodule)
-    if fitting and rank_zero_only.rank == 0:
-        warn_unless_loadable(model, datamodule)
     trainer = build_trainer(cfg)
     evaluated = ["val"] if fitting and trainer.limit_val_batches else []
     check_shares(datamodule, trainer, evaluated + (["test"] if cfg.get("test") else []))
+    ckpt_path = cfg.get("ckpt_path")
     if ckpt_path:
-        ckpt_path, checkpoint = resume.checked_checkpoint(
-            ckpt_path, cfg.paths.output_dir, model, datamodule.hparams.get("name"), fitting
-        )
+        folders = [d for cb in trainer.checkpoint_callbacks if (d := getattr(cb, "dirpath", None))]
+        ckpt_path = checkpoints.checkpoint_file(ckpt_path, folders or [_checkpoints(cfg)])
+    if ckpt_path and not Path(ckpt_path).is_dir():  # (a folder of shards: its strategy's)
+        check_fits(checkpoints.read(ckpt_path), ckpt_path, model, datamodule, fitting)
     if isinstance(trainer.strategy, ChecksFit):  # before processes start
         trainer.strategy.check_fit(model, ckpt_path if fitting else None)
     metrics: dict[str, float] = {}
@@ -234,9 +235,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         if ckpt_path and not any(k.startswith("val/") for k in trainer.callback_metrics):
             log.warning(
                 f"{ckpt_path} already reached trainer.max_epochs={trainer.max_epochs}: nothing "
-                f"left to train, validating it instead. (More epochs: trainer.max_epochs=<more> "
-                f"{checkpoints.override('ckpt_path', ckpt_path)}; the saved learning-rate "
-                f"schedule goes on, which a longer cosine would not be.)"
+                f"left to train, validating it instead. (More epochs: trainer.max_epochs=<more>; "
+                f"the learning-rate schedule then follows the new settings.)"
             )
             trainer.validate(model, datamodule=datamodule)
         metrics.update(_float_metrics(trainer))
@@ -250,15 +250,37 @@ def train(cfg: DictConfig) -> dict[str, float]:
                 else "no checkpoint callback monitors a metric"
             )
             log.warning(f"Testing the final weights: {why}.")
-    elif checkpoint is not None:
-        # Loaded here rather than by Lightning: a folder of shards then tests on any strategy.
-        model.load_state_dict(checkpoint["state_dict"])
-        ckpt_path = None
-
+    elif not ckpt_path:
+        raise UserError(f"ckpt_path={cfg.ckpt_path}: no checkpoint in this run's folder to test.")
     if cfg.get("test"):
         test(trainer, model, datamodule, ckpt_path=ckpt_path or None)
         metrics.update(_float_metrics(trainer))
     return finish(cfg, trainer, metrics)
+
+
+def _checkpoints(cfg: DictConfig) -> Path:  # a run's checkpoint folder, with callbacks=none
+    return Path(cfg.paths.output_dir) / "checkpoints"
+
+
+def check_fits(
+    checkpoint: dict[str, Any], ckpt_path: str, model: L.LightningModule, datamodule, fitting: bool
+) -> None:
+    """The checkpoint to resume or test fits the module the config built: its data, its
+    tensors' shapes, and (resuming restores their states) its optimizer and scheduler classes."""
+    name, classes = datamodule.hparams.get("name"), model_arguments(datamodule)["class_names"]
+    checkpoints.check_same_dataset(checkpoint, name, ckpt_path, classes)
+    checkpoints.check_same_shapes(checkpoint["state_dict"], model.state_dict(), ckpt_path)
+    saved = checkpoint.get("hyper_parameters") or {} if fitting else {}
+    for key in ("optimizer", "scheduler"):
+        old, new = saved.get(key), model.hparams.get(key)
+        plain = isinstance(old, Mapping) and isinstance(new, Mapping)
+        if plain and old.get("_target_") != new.get("_target_"):
+            raise UserError(
+                f"model.{key}._target_={new.get('_target_')}, but {ckpt_path} was trained "
+                f"with {old.get('_target_')}: a resumed run goes on from the saved {key} "
+                f"state, which fits only that. Resume with the {key} it was trained with, "
+                f"or start a new run."
+            )
 
 
 def check_shares(datamodule: L.LightningDataModule, trainer: L.Trainer, splits: list[str]) -> None:
@@ -277,53 +299,27 @@ def check_shares(datamodule: L.LightningDataModule, trainer: L.Trainer, splits: 
             )
 
 
-def warn_unless_loadable(model: L.LightningModule, datamodule: L.LightningDataModule) -> None:
-    """Your config builds anything; a checkpoint only what `litforge.models` registers: said at
-    the start of a run whose checkpoints would not load."""
-    from litforge.models import MODULES
-
-    settings, built = dict(model.hparams), ("net", "optimizer", "scheduler")
-    # Each built setting on its own: all that need registering are said at once.
-    parts = [{k: v for k, v in settings.items() if k not in built}]
-    parts += [{k: settings[k]} for k in built if k in settings]
-    problems = []
-    for part in parts:
-        saved = {"hyper_parameters": part, "datamodule_hyper_parameters": dict(datamodule.hparams)}
-        try:
-            checkpoints.check_registered(saved, "This run")
-        except UserError as err:
-            problems.append(str(err))
-    if problems:
-        problems.append("Until then its checkpoints load neither in eval.py nor to resume.")
-        log.warning("\n".join(dict.fromkeys(problems)))
-    if type(model) not in MODULES:
-        log.warning(
-            f"This run's module, {checkpoints.class_path(type(model))}, is not in "
-            f"litforge.models.MODULES: eval.py builds its checkpoints as that class only when "
-            f"given model=<its config>. Add it to MODULES to load them without."
-        )
-
-
 def evaluate(cfg: DictConfig) -> dict[str, float]:
-    """Test a checkpoint (a file or a folder of shards) with the module and settings it stores."""
+    """Test a checkpoint with the module and settings it stores (`model=` may name the class)."""
     start(cfg)
-    checkpoint = checkpoints.read_checkpoint(cfg.ckpt_path)
+    checkpoint = checkpoints.read(cfg.ckpt_path)
     data_from_checkpoint(cfg, checkpoint)
     datamodule = build_datamodule(cfg)
-    name, classes = datamodule.hparams.get("name"), model_arguments(datamodule)["class_names"]
-    checkpoints.check_same_dataset(checkpoint, name, cfg.ckpt_path, classes)
-    # The settings come from the checkpoint; `model=` may name the module class.
+    classes = model_arguments(datamodule)["class_names"]
+    where = f"ckpt_path={cfg.ckpt_path}"
+    checkpoints.check_same_dataset(checkpoint, datamodule.hparams.get("name"), where, classes)
     target = cfg.model._target_ if cfg.get("model") else None
-    model = checkpoints.load_module(checkpoint, cfg.ckpt_path, target)
+    model_class = checkpoints.module_class(checkpoint, where, target)
+    model = checkpoints.build_module(checkpoint, model_class, where)
     trainer = build_trainer(cfg)
     check_shares(datamodule, trainer, ["test"])
-    test(trainer, model, datamodule)
+    test(trainer, model, datamodule, ckpt_path=cfg.ckpt_path)  # (read once: `checkpoints.read`)
     return finish(cfg, trainer, _float_metrics(trainer))
 
 
 def data_from_checkpoint(cfg: DictConfig, checkpoint: dict[str, Any]) -> None:
     """Fill in unset data settings the checkpoint knows; one set to another value: UserError."""
-    hp = checkpoint.get("hyper_parameters") or {}
+    hp = checkpoints.data_settings(checkpoint)
     if not hp.get("input_shape"):
         return
     channels, height, width = hp["input_shape"]

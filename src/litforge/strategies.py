@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import lightning.pytorch.strategies
 import torch
 
+from litforge.checkpoints import how_to_resume
 from litforge.errors import UserError
-from litforge.resume import how_to_resume
 
 log = logging.getLogger(__name__)
 # What gloo and NCCL say when a peer is gone; "pair closure": a hung peer (a plain RuntimeError).

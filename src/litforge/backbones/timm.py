@@ -152,7 +152,7 @@ class TimmNet(PreparesRun, nn.Module):
         net = cfg.model.net
         check_model_name(net.model_name)
         pretrained = net.get("pretrained") or net.get("pretrained_file")
-        if pretrained and cfg.get("ckpt_path") not in (None, "auto"):
+        if pretrained and resuming(cfg.get("ckpt_path"), cfg):
             # Resuming: the checkpoint holds the weights, and the file may be gone by now.
             log.info(f"Resuming from {cfg.ckpt_path}: the weights come from it.")
             for key in ("pretrained", "pretrained_file"):
@@ -222,3 +222,10 @@ def check_covered(backbone: nn.Module, path: Path, model_name: str) -> None:
             f"{', ...' if len(missing) > 3 else ''}). Save the weights of the same timm model "
             f"(docs/models.md, A local weights file)."
         )
+
+
+def resuming(ckpt_path: str | None, cfg: DictConfig) -> bool:
+    """Whether the run goes on from a checkpoint (`last`: when its run folder has one)."""
+    if ckpt_path != "last":
+        return ckpt_path is not None
+    return any(Path(cfg.paths.output_dir, "checkpoints").glob("last*.ckpt"))

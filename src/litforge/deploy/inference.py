@@ -195,16 +195,20 @@ def classifier_from_checkpoint(path: Path, key: str = "ckpt_path") -> tuple[Imag
     hyperparameters with the data's `interpolation`."""
     from litforge import checkpoints
 
-    checkpoint = checkpoints.read_checkpoint(path)
-    module = checkpoints.load_module(checkpoint, str(path))
+    checkpoint = checkpoints.read(path)
+    module = checkpoints.load_module(path)
     data = checkpoint.get("datamodule_hyper_parameters") or {}
-    hp = {**module.hparams, "interpolation": data.get("interpolation") or "bilinear"}
-    if hp.get("mean") is None or hp.get("std") is None:
+    hp = {**checkpoints.data_settings(checkpoint), "interpolation": data.get("interpolation")}
+    hp.update(interpolation=hp["interpolation"] or "bilinear")
+    hp.update(channels_last=module.hparams.get("channels_last"))
+    if any(hp.get(k) is None for k in ("input_shape", "mean", "std")):
         raise UserError(
-            f"{key}={path} does not record how its images were normalized (a checkpoint from "
-            f"before litforge kept it): train it again with this version."
+            f"{key}={path} does not record its images' size and normalization (its run had "
+            f"no ResumeState callback, or is older): train it again with this version."
         )
-    classifier = ImageClassifier(module.net, hp["mean"], hp["std"]).eval()
+    # The module's network (a module of its own that has none: the module itself).
+    net = module.net if isinstance(getattr(module, "net", None), torch.nn.Module) else module
+    classifier = ImageClassifier(net, hp["mean"], hp["std"]).eval()
     if hp.get("channels_last"):  # as training ran it (other conv kernels, other last digits)
         classifier.to(memory_format=torch.channels_last)
     return classifier, hp

@@ -6,8 +6,8 @@
   time limit.
 
 A job that is run again goes on from its last checkpoint by itself: under these launchers an
-unset `ckpt_path` becomes `auto` (`prepare_run`; the core's `litforge.resume.auto_checkpoint`,
-in the folder named after the job: `litforge.runs.job_id`).
+unset `ckpt_path` becomes `last` (`prepare_run`): the last checkpoint of the folder named after
+the job (`litforge.runs.job_id`), or none yet: a fresh start.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class Restarts(PreparesRun, L.Callback):
     warning signal before its time limit (`#SBATCH --signal=SIGUSR1@120` in
     scripts/slurm.sbatch): stop after the current batch, save `last.ckpt` as on SIGTERM
     (`litforge.checkpoints.LastCheckpoint`), and requeue the job (`requeue_job`); the requeued
-    job, the same command in the same folder, resumes from it (`ckpt_path=auto`). Elsewhere it
+    job, the same command in the same folder, resumes from it (`ckpt_path=last`). Elsewhere it
     does nothing.
 
     Lightning's own requeue is turned off: it writes `hpc_ckpt_<n>.ckpt` from inside the signal
@@ -48,7 +48,7 @@ class Restarts(PreparesRun, L.Callback):
 
     @classmethod
     def prepare_run(cls, cfg: DictConfig) -> None:
-        """Where a launcher runs the job again: `ckpt_path` unset becomes `auto`. Under torchrun
+        """Where a launcher runs the job again: `ckpt_path` unset becomes `last`. Under torchrun
         with restarts, the job's process group is formed in the restart-safe store (the
         strategy's backend and timeout), before the Trainer is built."""
         launcher = restarting_launcher()
@@ -58,7 +58,7 @@ class Restarts(PreparesRun, L.Callback):
                 "folder that restarted workers go back to."
             )
         if launcher and cfg.get("train") and cfg.get("ckpt_path") is None:
-            cfg.ckpt_path = "auto"
+            cfg.ckpt_path = "last"
         strategy, trainer = cfg.get("strategy") or {}, cfg.get("trainer") or {}
         if not torchrun.shared_agent_store():
             return

@@ -107,25 +107,18 @@ class ClassificationModule(L.LightningModule):
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, *args: Any, **kwargs: Any):
-        """Lightning's, once `checkpoints.read_checkpoint` has checked a local file: a checkpoint
-        is data, and builds only what `litforge.models` registers, of the sizes it holds."""
+        """Lightning's, once `checkpoints.read` has checked the local file: a checkpoint is data,
+        and builds only trusted classes, of the sizes it holds."""
         if not isinstance(checkpoint_path, (str, os.PathLike)) or not os.path.isfile(
             checkpoint_path
         ):
             raise UserError(
                 f"load_from_checkpoint: {str(checkpoint_path)[:200]!r} is no local file: the "
-                f"checks that a checkpoint builds only what litforge.models lists read local "
-                f"files. Download it first."
+                f"checks of what a checkpoint builds read local files. Download it first."
             )
-        checkpoint = checkpoints.read_checkpoint(checkpoint_path)
-        checkpoints.check_registered(checkpoint, str(checkpoint_path), cls)
-        checkpoints.check_sizes(checkpoint, cls, str(checkpoint_path))
+        checkpoint = checkpoints.read(checkpoint_path)
+        checkpoints.check_sizes(checkpoint, cls, f"ckpt_path={checkpoint_path}")
         return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # The class that wrote it (a fork's subclass): loaders pick it among MODULES by this name.
-        # (A subclass that overrides this hook calls super().)
-        checkpoint["module_class"] = checkpoints.class_path(type(self))
 
     def configure_model(self) -> None:
         if getattr(self, "_configured", False):  # Lightning calls this on every run
