@@ -1,6 +1,7 @@
 """`scripts/lean.py`: a copy of the repository without the features not kept (docs/development.md,
 "A lean fork")."""
 
+import ast
 import importlib.util
 import re
 import shutil
@@ -134,6 +135,45 @@ def assert_only_kept(tree: Path, kept: set[str], result: subprocess.CompletedPro
         marker = (r"<!--\s*feature:\s*" if path.suffix == ".md" else r"#\s*feature:\s*") + names
         markers = {name for found in re.findall(marker, text) for name in found.split()}
         assert markers <= kept, f"{path.relative_to(tree)}: markers of {markers - kept}"
+    assert_hooks_only_of(tree, kept)
+
+
+def _hooks(tree: Path) -> list[str]:
+    """The extension points in the tree's src/litforge/hooks.py (a lean copy may have none)."""
+    path = tree / "src" / "litforge" / "hooks.py"
+    body = ast.parse(path.read_text()).body if path.is_file() else []
+    return [node.name for node in body if isinstance(node, ast.ClassDef)]
+
+
+def _implementers(hook: str) -> set[str]:
+    """The features with a class that subclasses the hook."""
+    found = set()
+    for name in FEATURES:
+        for top in feature_paths(name):
+            files = [ROOT / top] if top.endswith(".py") else (ROOT / top).rglob("*.py")
+            for path in files:
+                if top.startswith("src/") and path.is_file():
+                    text = path.read_text()
+                    if re.search(rf"^class \w+\([^)]*\b{hook}\b", text, flags=re.M):
+                        found.add(name)
+    return found
+
+
+IMPLEMENTERS = {hook: _implementers(hook) for hook in _hooks(ROOT)}
+
+
+def assert_hooks_only_of(tree: Path, kept: set[str]) -> None:
+    """A hook of the core (its class, the pipeline's call, the docs) is in a copy only with a
+    feature that implements it: no extension point that nothing in the copy uses."""
+    classes = _hooks(tree)
+    for hook, features in IMPLEMENTERS.items():
+        wanted = bool(features & kept)
+        assert (hook in classes) == wanted, (hook, kept)
+        if not wanted:
+            found = feature_words_in(tree, [hook])
+            assert not found, f"{hook}, which no kept feature implements:\n" + "\n".join(found)
+    hooks = tree / "src" / "litforge" / "hooks.py"
+    assert hooks.is_file() == bool(classes), "a hooks.py with no hook in it"
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +191,13 @@ SEARCHED = ["src", "conf", "docs", "README.md", "Makefile", ".ci", "pyproject.to
 def feature_words(tree: Path, dropped: set[str]) -> list[str]:
     """`file:line: word` for each word of a dropped feature's `names` in the searched files."""
     words = sorted({(w, name) for name in dropped for w in FEATURES[name].get("names", [])})
+    return feature_words_in(tree, [word for word, _ in words], dict(words))
+
+
+def feature_words_in(
+    tree: Path, words: list[str], whose: dict[str, str] | None = None
+) -> list[str]:
+    """`file:line: word` for each of the words in the searched files (`(feature)` after it)."""
     found = []
     for top in SEARCHED:
         files = sorted((tree / top).rglob("*")) if (tree / top).is_dir() else [tree / top]
@@ -159,9 +206,10 @@ def feature_words(tree: Path, dropped: set[str]) -> list[str]:
                 continue
             lines = path.read_text(errors="ignore").splitlines()
             for number, line in enumerate(lines, 1):
-                for word, name in words:
+                for word in words:
                     if word in line:
-                        found.append(f"{path.relative_to(tree)}:{number}: {word} ({name})")
+                        owner = f" ({whose[word]})" if whose else ""
+                        found.append(f"{path.relative_to(tree)}:{number}: {word}{owner}")
     return found
 
 
@@ -269,6 +317,39 @@ def test_keep_model_parallel_keeps_exactly_it(tmp_path):
     assert "docs/model_parallel.md" in (tree / "README.md").read_text()
     assert "strategy=model_parallel" in (tree / "docs" / "strategies.md").read_text()
     assert "parameter_server" not in (tree / "docs" / "strategies.md").read_text()
+
+
+def test_the_core_copy_has_no_hook(core):
+    """No feature of the core copy implements a hook of the core: hooks.py goes, with its entry in
+    the import contracts and in the docs' file tree, the pipeline's calls and the docs' passages."""
+    assert core.result.returncode == 0, core.result.stderr
+    assert not (core.tree / "src" / "litforge" / "hooks.py").exists()
+    assert feature_words_in(core.tree, ["hooks.py", "litforge.hooks", "prepare_run"]) == []
+    pyproject = tomllib.loads((core.tree / "pyproject.toml").read_text())
+    layers = pyproject["tool"]["importlinter"]["contracts"][0]["layers"]
+    assert "hooks" not in re.split(r"[\s:|]+", " ".join(layers))
+    code = (core.tree / "src" / "litforge" / "pipeline.py").read_text()
+    assert "def start(" in code and "def finish(" in code and "def _target_class(" in code
+
+
+@pytest.mark.skipif("tracking" not in FEATURES, reason="a lean copy without tracking")
+def test_a_copy_keeps_the_hook_its_feature_implements(tmp_path):
+    """With tracking, LogsRunFiles alone: its class, its import and call in the pipeline, the
+    marker naming tracking only."""
+    implementers = {
+        "PreparesRun": {"backbones", "model_parallel", "parameter_server", "elastic"},
+        "ChecksFit": {"model_parallel"},
+        "LogsRunFiles": {"tracking"},
+    }
+    assert implementers == IMPLEMENTERS
+    tree = tmp_path / "copy"
+    assert_only_kept(tree, {"tracking"}, lean(tree, "--keep", "tracking"))
+    assert _hooks(tree) == ["LogsRunFiles"]
+    pipeline = (tree / "src" / "litforge" / "pipeline.py").read_text()
+    assert f"LogsRunFiles,  {MARK} tracking\n" in pipeline
+    assert "logger.log_run_files(" in pipeline and "prepare_run" not in pipeline
+    hooks = (tree / "src" / "litforge" / "hooks.py").read_text()
+    assert f"from pathlib import Path  {MARK} tracking\n" in hooks and "Any" not in hooks
 
 
 def test_every_feature_kept_is_the_repository(tmp_path):
