@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+from importlib.metadata import packages_distributions
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -135,7 +136,29 @@ def assert_only_kept(tree: Path, kept: set[str], result: subprocess.CompletedPro
         marker = (r"<!--\s*feature:\s*" if path.suffix == ".md" else r"#\s*feature:\s*") + names
         markers = {name for found in re.findall(marker, text) for name in found.split()}
         assert markers <= kept, f"{path.relative_to(tree)}: markers of {markers - kept}"
+    assert unimported_dependencies(tree) == []
     assert_hooks_only_of(tree, kept)
+
+
+def unimported_dependencies(tree: Path) -> list[str]:
+    """The dependencies in the tree's pyproject.toml that no module of its src/ imports (through
+    the installed distributions: `pillow` is imported as PIL)."""
+    modules = set()
+    for path in (tree / "src").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules.add(node.module.split(".")[0])
+    distributions = packages_distributions()
+
+    def normalized(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    imported = {normalized(d) for m in modules for d in distributions.get(m, [])}
+    dependencies = tomllib.loads((tree / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = [normalized(re.match(r"[A-Za-z0-9._-]+", d).group()) for d in dependencies]
+    return [name for name in names if name not in imported]
 
 
 def _hooks(tree: Path) -> list[str]:
@@ -330,6 +353,15 @@ def test_the_core_copy_has_no_hook(core):
     assert "hooks" not in re.split(r"[\s:|]+", " ".join(layers))
     code = (core.tree / "src" / "litforge" / "pipeline.py").read_text()
     assert "def start(" in code and "def finish(" in code and "def _target_class(" in code
+
+
+def test_the_core_copy_has_no_matplotlib(core):
+    """Nothing in the core copy draws: no dependency on matplotlib, no pin of it in the lock."""
+    assert core.result.returncode == 0, core.result.stderr
+    pyproject = tomllib.loads((core.tree / "pyproject.toml").read_text())
+    assert not [d for d in pyproject["project"]["dependencies"] if d.startswith("matplotlib")]
+    for lock in ("requirements/runtime.txt", "requirements/dev.txt"):
+        assert not re.search(r"^matplotlib==", (core.tree / lock).read_text(), re.M), lock
 
 
 @pytest.mark.skipif("tracking" not in FEATURES, reason="a lean copy without tracking")
