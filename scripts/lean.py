@@ -16,11 +16,19 @@ contain those of a feature it left out, tests/test_lean.py checks) and a one-lin
   requirements such as the dev extra's) and its modules in [tool.importlinter] (a contract left
   with nothing to check goes too);
 - Markdown without the passages marked `<!-- feature: NAME -->` ... `<!-- /feature -->`, table
-  rows that link to or name the feature's files, and lines of code blocks that use them;
+  rows that link to or name the feature's files, lines of shell code blocks that use them and
+  entries of file trees (plain code blocks) that list them;
 - requirements/*.txt (the lock) without the pins that only the dropped extras needed;
-- other text files (Python, YAML, Makefile, CI scripts) without the lines that end in
-  `# feature: NAME` (in Python: a whole statement on one line, such as an entry of a list); the
-  Makefile also without the targets whose recipes use the feature's files.
+- other text files (YAML, TOML, Makefile, CI scripts) without the lines that end in
+  `# feature: NAME`; the Makefile also without the targets whose recipes use the feature's files;
+- Python files without what their comments mark `# feature: NAME`: on the line a statement starts
+  on, the whole statement (a `class` or `def`, an `if` block, an import); alone on its line, the
+  statement on the next line; elsewhere, the line (an entry of a list, one name of an import in
+  parentheses: an import left with none goes too). A module left with its docstring alone goes
+  as if a dropped feature listed it (its modules in [tool.importlinter], its docs' entries).
+
+A marker may name several features, `# feature: NAME OTHER` (`<!-- feature: NAME OTHER -->`):
+what it marks is kept when any of them is, and in the copy it names the kept ones only.
 
 This script is a feature too: `lean` (scripts/lean.py, tests/test_lean.py, .ci/lean, the
 `make lean` target and the docs' passages about lean copies). A copy gets it only with
@@ -34,6 +42,8 @@ leaves nothing behind. Standard library only (Python >= 3.11; on 3.10 it needs `
 from __future__ import annotations
 
 import argparse
+import ast
+import io
 import json
 import os
 import re
@@ -41,6 +51,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -59,14 +70,17 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "litforge"  # rename_package.py renames this with everything else
 SELF = "scripts/lean.py"  # the feature that lists it carries the manifest (see the docstring)
 NAME = r"[a-z_][a-z0-9_]*"
-LINE_MARKER = re.compile(rf"#\s*feature:\s*({NAME})\b")
-MD_START = re.compile(rf"<!--\s*feature:\s*({NAME})\s*-->")
+NAMES = rf"{NAME}(?:[ \t]+{NAME})*"  # a marker's features: kept when any of them is
+LINE_MARKER = re.compile(rf"#\s*feature:\s*({NAMES})(?!\w)")
+MD_START = re.compile(rf"<!--\s*feature:\s*({NAMES})\s*-->")
 MD_END = re.compile(r"<!--\s*/feature\s*-->")
 MD_LINK = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 # What an import-linter contract is about: one of these emptied, it has nothing left to check
 SUBJECTS = {"layers", "modules", "source_modules", "forbidden_modules", "importer", "imported"}
 SHELL = {"bash", "sh", "shell", "console", "zsh"}  # code blocks whose commands may go
+# A file tree's entry: `name   what it is`, the name a path
+TREE_ENTRY = re.compile(r"^ *([\w.-]+(?:/[\w.-]+)*/?)(?: {2,}\S.*)?$")
 BULLET_ONLY = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s*$")
 HEADER = re.compile(r"^\[\[?\s*([^\]\s]+)\s*\]\]?\s*(?:#.*)?$")
 KEY = re.compile(r"^([A-Za-z0-9_\-]+|\"[^\"]+\")\s*=")
@@ -157,15 +171,129 @@ def read_features(pyproject: dict, tracked: list[str]) -> dict[str, Feature]:
 # --- line markers: Python, YAML, Makefile, CI scripts, TOML -----------------------------------
 
 
+def marker_names(names: str, known: set[str], where: str, form: str) -> list[str]:
+    """A marker's features, each checked; `form` is the marker as the error names it."""
+    listed = names.split()
+    for name in listed:
+        if name not in known:
+            raise LeanError(f"{where}: `{form}`: no such feature {name}")
+    return listed
+
+
+def _kept_names(text: str, span: tuple[int, int], names: list[str], dropped: set[str]) -> str:
+    """The text with the marker's names at `span` cut to the kept ones (a copy that left out
+    some of them names none of those)."""
+    kept = [name for name in names if name not in dropped]
+    return text if kept == names else text[: span[0]] + " ".join(kept) + text[span[1] :]
+
+
 def drop_marked_lines(text: str, dropped: set[str], known: set[str], where: str) -> str:
+    if where.endswith(".py"):
+        return drop_marked_python(text, dropped, known, where)
     out = []
     for number, line in enumerate(text.splitlines(keepends=True), 1):
         match = LINE_MARKER.search(line)
-        if match and match.group(1) not in known:
-            raise LeanError(f"{where}:{number}: `# feature: {match.group(1)}`: no such feature")
-        if not (match and match.group(1) in dropped):
+        if not match:
             out.append(line)
+            continue
+        names = marker_names(match.group(1), known, f"{where}:{number}", match.group(0))
+        if not set(names) <= dropped:
+            out.append(_kept_names(line, match.span(1), names, dropped))
     return "".join(out)
+
+
+def _statements(tree: ast.AST) -> dict[int, tuple[int, int]]:
+    """Each line a statement starts on (its decorators' or its own) -> the first and last line of
+    the outermost statement that starts there."""
+    spans: dict[int, tuple[int, int]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt):
+            decorators = getattr(node, "decorator_list", [])
+            first = min([node.lineno, *(d.lineno for d in decorators)])
+            for line in {first, node.lineno}:
+                if line not in spans or node.end_lineno > spans[line][1]:
+                    spans[line] = (first, node.end_lineno)
+    return spans
+
+
+def drop_marked_python(text: str, dropped: set[str], known: set[str], where: str) -> str:
+    """Markers in comments only. One on a line that starts a statement takes the whole statement
+    (a `class` or an `if` block, an import); one alone on its line, the statement below it; one
+    elsewhere (an entry of a list, a name of an import in parentheses), that line. An import left
+    with no names goes too; so do the blank lines a dropped block leaves doubled. The result must
+    still be Python."""
+    if "feature:" not in text:
+        return text
+    lines = text.splitlines(keepends=True)
+    markers = []  # (line, column of the comment, match)
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.COMMENT and (match := LINE_MARKER.search(token.string)):
+                markers.append((token.start[0], token.start[1], match))
+        tree = ast.parse(text)
+    except (SyntaxError, tokenize.TokenError) as error:
+        raise LeanError(f"{where}: cannot read it as Python: {error}") from None
+    if not markers:
+        return text
+    statements, gone = _statements(tree), set()
+    for number, column, match in markers:
+        names = marker_names(match.group(1), known, f"{where}:{number}", match.group(0))
+        if not set(names) <= dropped:
+            span = (column + match.start(1), column + match.end(1))
+            lines[number - 1] = _kept_names(lines[number - 1], span, names, dropped)
+            continue
+        alone = not lines[number - 1][:column].strip() and match.start() == 0
+        if alone and not match.string[match.end() :].strip():  # `# feature: ...` on its own line
+            if number + 1 not in statements:
+                raise LeanError(
+                    f"{where}:{number}: a marker alone on its line marks the statement on the "
+                    "next line, and none starts there"
+                )
+            gone.update(range(number, statements[number + 1][1] + 1))
+        else:
+            first, last = statements.get(number, (number, number))
+            gone.update(range(first, last + 1))
+    for node in ast.walk(tree):  # an import whose names all went
+        if isinstance(node, ast.Import | ast.ImportFrom) and node.lineno not in gone:
+            names_gone = all(alias.lineno in gone for alias in node.names)
+            gone.update(range(node.lineno, node.end_lineno + 1) if names_gone else ())
+    if not gone:
+        return "".join(lines)
+    out: list[str] = []
+    number = 0
+    while number < len(lines):
+        if number + 1 not in gone:
+            out.append(lines[number])
+            number += 1
+            continue
+        while number < len(lines) and number + 1 in gone:
+            number += 1
+        if not out or not out[-1].strip():  # a blank line above: none below too
+            while number < len(lines) and not lines[number].strip():
+                number += 1
+    while out and not out[-1].strip():  # no blank lines at the end
+        out.pop()
+    new = "".join(out)
+    try:
+        ast.parse(new)
+    except SyntaxError as error:
+        raise LeanError(
+            f"{where}: the copy's line {error.lineno} ({error.msg}) once the lines marked "
+            f"for {', '.join(sorted(dropped))} are gone: mark whole statements"
+        ) from None
+    return new
+
+
+def emptied(text: str, new: str) -> bool:
+    """A module the markers emptied: it had code, and is left with its docstring at most."""
+
+    def code(source: str) -> list[ast.stmt]:
+        body = ast.parse(source).body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]  # the docstring
+        return body
+
+    return new != text and bool(code(text)) and not code(new)
 
 
 # --- Makefile ---------------------------------------------------------------------------------
@@ -310,11 +438,15 @@ def _filter_strings(
     return new, len(items), len(kept)
 
 
-def lean_pyproject(text: str, features: dict[str, Feature], dropped: set[str]) -> str:
+def lean_pyproject(
+    text: str, features: dict[str, Feature], dropped: set[str], also_gone: list[str] | None = None
+) -> str:
+    """`also_gone`: modules that go besides the features' (those the markers emptied)."""
     if not dropped:
         return text
     gone_extras = {e for name in dropped for e in features[name].extras}
-    gone_modules = _module_pattern([m for name in dropped for m in features[name].modules()])
+    modules = [m for name in dropped for m in features[name].modules()]
+    gone_modules = _module_pattern(modules + (also_gone or []))
     self_reference = re.compile(rf"^{re.escape(PACKAGE)}\[([^\]]*)\](.*)$")
 
     def without_gone_extras(requirement: str) -> str | None:
@@ -412,29 +544,29 @@ def _code_mask(text: str) -> tuple[str, list[bool]]:
 def _apply_markers(text: str, dropped: set[str], known: set[str], where: str) -> str:
     masked, _ = _code_mask(text)
     tokens = sorted(
-        [(m.start(), m.end(), m.group(1)) for m in MD_START.finditer(masked)]
+        [(m.start(), m.end(), m) for m in MD_START.finditer(masked)]
         + [(m.start(), m.end(), None) for m in MD_END.finditer(masked)]
     )
     pairs, open_at = [], None
-    for start, end, name in tokens:
+    for start, end, match in tokens:
         line = text.count("\n", 0, start) + 1
-        if name is not None:
-            if name not in known:
-                raise LeanError(f"{where}:{line}: <!-- feature: {name} -->: no such feature")
+        if match is not None:
+            names = marker_names(match.group(1), known, f"{where}:{line}", match.group(0))
             if open_at is not None:
                 raise LeanError(f"{where}:{line}: a feature marker inside another one")
-            open_at = (start, end, name)
+            open_at = (start, end, match, names)
         else:
             if open_at is None:
                 raise LeanError(f"{where}:{line}: <!-- /feature --> without its start")
-            pairs.append((open_at[0], end, open_at[2]))
+            pairs.append((open_at[0], end, open_at[2], open_at[3]))
             open_at = None
     if open_at is not None:
         line = text.count("\n", 0, open_at[0]) + 1
-        raise LeanError(f"{where}:{line}: <!-- feature: {open_at[2]} --> is never closed")
+        raise LeanError(f"{where}:{line}: {open_at[2].group(0)} is never closed")
 
-    for start, end, name in reversed(pairs):
-        if name not in dropped:
+    for start, end, match, names in reversed(pairs):
+        if not set(names) <= dropped:  # kept: its marker names the kept features only
+            text = _kept_names(text, match.span(1), names, dropped)
             continue
         line_start = text.rfind("\n", 0, start) + 1
         line_end = text.find("\n", end)
@@ -460,6 +592,30 @@ def _apply_markers(text: str, dropped: set[str], known: set[str], where: str) ->
         if BULLET_ONLY.match(text[line_start:line_end]) or not text[line_start:line_end].strip():
             text = text[:line_start] + text[min(line_end + 1, len(text)) :]
     return text
+
+
+def _tree_without(lines: list[str], is_gone) -> list[str]:
+    """A plain code block as a file tree (`name   what it is`, a folder's entries indented below
+    it, a description's further lines indented past the name) without the entries the copy
+    leaves out, their further lines with them. (A block of anything else loses a line only if
+    its first word is a path the copy leaves out.)"""
+    out, folders, below = [], [], None  # below: the indent past which a gone entry's lines go on
+    for line in lines:
+        indent = len(line) - len(line.lstrip(" "))
+        if below is not None and line.strip() and indent > below:
+            continue
+        below = None
+        if match := TREE_ENTRY.match(line.rstrip("\n")):
+            while folders and folders[-1][0] >= indent:
+                folders.pop()
+            path = (folders[-1][1] if folders else "") + match.group(1)
+            if path.endswith("/"):
+                folders.append((indent, path))
+            if is_gone(path.rstrip("/")):
+                below = indent + len(match.group(1))
+                continue
+        out.append(line)
+    return out
 
 
 def _links(line: str) -> list[str]:
@@ -498,7 +654,8 @@ def lean_markdown(
             while end < len(lines) and not (in_fence[end] and FENCE.match(lines[end])):
                 end += 1
             body, kept, group = lines[i + 1 : end], [], []
-            shell = line.strip().lstrip("`~").strip().split(" ")[0] in SHELL
+            language = line.strip().lstrip("`~").strip().split(" ")[0]
+            shell = language in SHELL
             for body_line in body if shell else []:
                 group.append(body_line)
                 if body_line.rstrip("\n").endswith("\\"):
@@ -506,7 +663,10 @@ def lean_markdown(
                 if not (mentions and any(mentions.search(g) for g in group)):
                     kept += group
                 group = []
-            kept += group if shell else body
+            if shell:
+                kept += group
+            else:
+                kept = _tree_without(body, is_gone) if language in ("", "text") else body
             while kept and not kept[0].strip():
                 kept.pop(0)
             while kept and not kept[-1].strip():
@@ -592,6 +752,27 @@ def build(root: Path, dest: Path, keep: list[str]) -> dict:
     def is_gone(path: str) -> bool:
         return any(f.owns(path) or f.owns(path + "/") for f in gone)
 
+    python = {}  # the kept Python files' new text; a module the markers emptied goes too
+    for name in tracked:
+        source = root / name
+        plain = source.is_file() and not source.is_symlink()
+        if name.endswith(".py") and plain and not is_gone(name):
+            text = source.read_text(encoding="utf-8")
+            python[name] = (text, drop_marked_lines(text, dropped, known, name))
+    empty = Feature(
+        "(emptied)",
+        "modules left with their docstring alone",
+        sorted(
+            name
+            for name, (text, new) in python.items()
+            if PurePosixPath(name).name != "__init__.py" and emptied(text, new)
+        ),
+        [],
+        [],
+    )
+    if empty.paths:  # as a feature's files: their links, rows, commands and modules go
+        gone.append(empty)
+
     patterns = [f.mentions().pattern for f in gone]
     mentions = re.compile("|".join(patterns)) if patterns else None
     gone_paths = [p.rstrip("/") for f in gone for p in f.paths if "/" in p.rstrip("/")]
@@ -616,13 +797,15 @@ def build(root: Path, dest: Path, keep: list[str]) -> dict:
             text = None
         if text is not None:
             new = text
-            if name.endswith(".md"):
+            if name in python:
+                new = python[name][1]
+            elif name.endswith(".md"):
                 new = lean_markdown(text, name, dropped, known, is_gone, mentions, gone_paths)
                 warnings += dangling_links(new, name, is_gone)
             else:
                 new = drop_marked_lines(text, dropped, known, name)
                 if name == "pyproject.toml":
-                    new = lean_pyproject(new, features, dropped)
+                    new = lean_pyproject(new, features, dropped, empty.modules())
                 elif PurePosixPath(name).name in ("Makefile", "GNUmakefile", "makefile"):
                     new = lean_makefile(new, mentions)
             if new != text:

@@ -1,11 +1,13 @@
 """`scripts/lean.py`: a copy of the repository without the features not kept (docs/development.md,
 "A lean fork")."""
 
+import ast
 import importlib.util
 import re
 import shutil
 import subprocess
 import sys
+from importlib.metadata import packages_distributions
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -130,10 +132,71 @@ def assert_only_kept(tree: Path, kept: set[str], result: subprocess.CompletedPro
         if path.suffix == ".md":
             mentioned = [page for page in gone_pages if page in text]
             assert not mentioned, f"{path.relative_to(tree)} mentions {mentioned}"
-        name = r"([a-z_][a-z0-9_]*)\b"
-        marker = (r"<!--\s*feature:\s*" if path.suffix == ".md" else r"#\s*feature:\s*") + name
-        markers = re.findall(marker, text)
-        assert set(markers) <= kept, f"{path.relative_to(tree)}: markers of {set(markers) - kept}"
+        names = r"([a-z_][a-z0-9_]*(?:[ \t]+[a-z_][a-z0-9_]*)*)(?!\w)"
+        marker = (r"<!--\s*feature:\s*" if path.suffix == ".md" else r"#\s*feature:\s*") + names
+        markers = {name for found in re.findall(marker, text) for name in found.split()}
+        assert markers <= kept, f"{path.relative_to(tree)}: markers of {markers - kept}"
+    assert unimported_dependencies(tree) == []
+    assert_hooks_only_of(tree, kept)
+
+
+def unimported_dependencies(tree: Path) -> list[str]:
+    """The dependencies in the tree's pyproject.toml that no module of its src/ imports (through
+    the installed distributions: `pillow` is imported as PIL)."""
+    modules = set()
+    for path in (tree / "src").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules.add(node.module.split(".")[0])
+    distributions = packages_distributions()
+
+    def normalized(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    imported = {normalized(d) for m in modules for d in distributions.get(m, [])}
+    dependencies = tomllib.loads((tree / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = [normalized(re.match(r"[A-Za-z0-9._-]+", d).group()) for d in dependencies]
+    return [name for name in names if name not in imported]
+
+
+def _hooks(tree: Path) -> list[str]:
+    """The extension points in the tree's src/litforge/hooks.py (a lean copy may have none)."""
+    path = tree / "src" / "litforge" / "hooks.py"
+    body = ast.parse(path.read_text()).body if path.is_file() else []
+    return [node.name for node in body if isinstance(node, ast.ClassDef)]
+
+
+def _implementers(hook: str) -> set[str]:
+    """The features with a class that subclasses the hook."""
+    found = set()
+    for name in FEATURES:
+        for top in feature_paths(name):
+            files = [ROOT / top] if top.endswith(".py") else (ROOT / top).rglob("*.py")
+            for path in files:
+                if top.startswith("src/") and path.is_file():
+                    text = path.read_text()
+                    if re.search(rf"^class \w+\([^)]*\b{hook}\b", text, flags=re.M):
+                        found.add(name)
+    return found
+
+
+IMPLEMENTERS = {hook: _implementers(hook) for hook in _hooks(ROOT)}
+
+
+def assert_hooks_only_of(tree: Path, kept: set[str]) -> None:
+    """A hook of the core (its class, the pipeline's call, the docs) is in a copy only with a
+    feature that implements it: no extension point that nothing in the copy uses."""
+    classes = _hooks(tree)
+    for hook, features in IMPLEMENTERS.items():
+        wanted = bool(features & kept)
+        assert (hook in classes) == wanted, (hook, kept)
+        if not wanted:
+            found = feature_words_in(tree, [hook])
+            assert not found, f"{hook}, which no kept feature implements:\n" + "\n".join(found)
+    hooks = tree / "src" / "litforge" / "hooks.py"
+    assert hooks.is_file() == bool(classes), "a hooks.py with no hook in it"
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +214,13 @@ SEARCHED = ["src", "conf", "docs", "README.md", "Makefile", ".ci", "pyproject.to
 def feature_words(tree: Path, dropped: set[str]) -> list[str]:
     """`file:line: word` for each word of a dropped feature's `names` in the searched files."""
     words = sorted({(w, name) for name in dropped for w in FEATURES[name].get("names", [])})
+    return feature_words_in(tree, [word for word, _ in words], dict(words))
+
+
+def feature_words_in(
+    tree: Path, words: list[str], whose: dict[str, str] | None = None
+) -> list[str]:
+    """`file:line: word` for each of the words in the searched files (`(feature)` after it)."""
     found = []
     for top in SEARCHED:
         files = sorted((tree / top).rglob("*")) if (tree / top).is_dir() else [tree / top]
@@ -159,9 +229,10 @@ def feature_words(tree: Path, dropped: set[str]) -> list[str]:
                 continue
             lines = path.read_text(errors="ignore").splitlines()
             for number, line in enumerate(lines, 1):
-                for word, name in words:
+                for word in words:
                     if word in line:
-                        found.append(f"{path.relative_to(tree)}:{number}: {word} ({name})")
+                        owner = f" ({whose[word]})" if whose else ""
+                        found.append(f"{path.relative_to(tree)}:{number}: {word}{owner}")
     return found
 
 
@@ -271,12 +342,55 @@ def test_keep_model_parallel_keeps_exactly_it(tmp_path):
     assert "parameter_server" not in (tree / "docs" / "strategies.md").read_text()
 
 
+def test_the_core_copy_has_no_hook(core):
+    """No feature of the core copy implements a hook of the core: hooks.py goes, with its entry in
+    the import contracts and in the docs' file tree, the pipeline's calls and the docs' passages."""
+    assert core.result.returncode == 0, core.result.stderr
+    assert not (core.tree / "src" / "litforge" / "hooks.py").exists()
+    assert feature_words_in(core.tree, ["hooks.py", "litforge.hooks", "prepare_run"]) == []
+    pyproject = tomllib.loads((core.tree / "pyproject.toml").read_text())
+    layers = pyproject["tool"]["importlinter"]["contracts"][0]["layers"]
+    assert "hooks" not in re.split(r"[\s:|]+", " ".join(layers))
+    code = (core.tree / "src" / "litforge" / "pipeline.py").read_text()
+    assert "def start(" in code and "def finish(" in code and "def _target_class(" in code
+
+
+def test_the_core_copy_has_no_matplotlib(core):
+    """Nothing in the core copy draws: no dependency on matplotlib, no pin of it in the lock."""
+    assert core.result.returncode == 0, core.result.stderr
+    pyproject = tomllib.loads((core.tree / "pyproject.toml").read_text())
+    assert not [d for d in pyproject["project"]["dependencies"] if d.startswith("matplotlib")]
+    for lock in ("requirements/runtime.txt", "requirements/dev.txt"):
+        assert not re.search(r"^matplotlib==", (core.tree / lock).read_text(), re.M), lock
+
+
+@pytest.mark.skipif("tracking" not in FEATURES, reason="a lean copy without tracking")
+def test_a_copy_keeps_the_hook_its_feature_implements(tmp_path):
+    """With tracking, LogsRunFiles alone: its class, its import and call in the pipeline, the
+    marker naming tracking only."""
+    implementers = {
+        "PreparesRun": {"backbones", "model_parallel", "parameter_server", "elastic"},
+        "ChecksFit": {"model_parallel"},
+        "LogsRunFiles": {"tracking"},
+    }
+    assert implementers == IMPLEMENTERS
+    tree = tmp_path / "copy"
+    assert_only_kept(tree, {"tracking"}, lean(tree, "--keep", "tracking"))
+    assert _hooks(tree) == ["LogsRunFiles"]
+    pipeline = (tree / "src" / "litforge" / "pipeline.py").read_text()
+    assert f"LogsRunFiles,  {MARK} tracking\n" in pipeline
+    assert "logger.log_run_files(" in pipeline and "prepare_run" not in pipeline
+    hooks = (tree / "src" / "litforge" / "hooks.py").read_text()
+    assert f"from pathlib import Path  {MARK} tracking\n" in hooks and "Any" not in hooks
+
+
 def test_every_feature_kept_is_the_repository(tmp_path):
     tree = tmp_path / "copy"
     result = lean(tree, *[arg for name in FEATURES for arg in ("--keep", name)])
     assert_only_kept(tree, set(FEATURES), result)
-    for name in ["README.md", "pyproject.toml", "Makefile", "docs/strategies.md"]:
-        assert (tree / name).read_text() == (ROOT / name).read_text(), name
+    for name in _tracked():
+        if (ROOT / name).is_file() and not (ROOT / name).is_symlink():
+            assert (tree / name).read_bytes() == (ROOT / name).read_bytes(), name
 
 
 def test_a_folder_in_the_way_is_refused_in_one_line(tmp_path):
@@ -323,6 +437,156 @@ def test_a_failure_leaves_nothing_behind(tmp_path):
     assert result.returncode == 1
     assert "README.md:" in result.stderr and "is never closed" in result.stderr
     assert list(out.iterdir()) == []
+
+
+MARK = "# feature:"  # markers in this file's strings are made of it: the file marks nothing
+KNOWN = {"alpha", "beta", "gamma"}
+MARKED_PYTHON = f'''"""A module."""
+
+import os  {MARK} alpha
+from typing import (
+    Any,  {MARK} beta gamma
+)
+
+LIST = [
+    "a",
+    "b",  {MARK} beta
+]
+
+
+class Kept:  {MARK} alpha beta
+    """Kept when either is."""
+
+    def method(self) -> None:
+        if os.sep:  {MARK} beta
+            print("beta")
+        else:
+            print("no beta")
+        print("always")
+
+
+{MARK} gamma
+def gone(value: Any) -> Any:
+    return value
+
+
+def last() -> None:
+    pass
+'''
+
+
+@pytest.mark.parametrize(
+    ("dropped", "expected"),
+    [
+        (set(), MARKED_PYTHON),
+        (
+            {"beta", "gamma"},  # the if block whole, the import with its one name, the def
+            f'''"""A module."""
+
+import os  {MARK} alpha
+
+LIST = [
+    "a",
+]
+
+
+class Kept:  {MARK} alpha
+    """Kept when either is."""
+
+    def method(self) -> None:
+        print("always")
+
+
+def last() -> None:
+    pass
+''',
+        ),
+        (
+            {"alpha", "beta"},  # the class: neither of its features kept
+            f'''"""A module."""
+
+from typing import (
+    Any,  {MARK} gamma
+)
+
+LIST = [
+    "a",
+]
+
+
+{MARK} gamma
+def gone(value: Any) -> Any:
+    return value
+
+
+def last() -> None:
+    pass
+''',
+        ),
+    ],
+    ids=["none", "beta gamma", "alpha beta"],
+)
+def test_a_python_marker_takes_its_statement_and_names_several_features(dropped, expected):
+    lean = lean_module()
+    assert lean.drop_marked_python(MARKED_PYTHON, dropped, KNOWN, "m.py") == expected
+
+
+def test_a_python_marker_that_would_break_the_code_is_refused():
+    lean = lean_module()
+    with pytest.raises(lean.LeanError, match="no such feature delta"):
+        lean.drop_marked_python(f"x = 1  {MARK} alpha delta\n", set(), KNOWN, "m.py")
+    broken = f"def f():\n    return 1  {MARK} alpha\n"  # an empty block
+    with pytest.raises(lean.LeanError, match=r"m.py: the copy's line \d .*mark whole statements"):
+        lean.drop_marked_python(broken, {"alpha"}, KNOWN, "m.py")
+    with pytest.raises(lean.LeanError, match="m.py:1: a marker alone on its line"):
+        lean.drop_marked_python(f"{MARK} alpha\n# a comment\nx = 1\n", {"alpha"}, KNOWN, "m.py")
+    string = f'text = """\n{MARK} alpha\n"""\n'  # in a string: no marker
+    assert lean.drop_marked_python(string, {"alpha"}, KNOWN, "m.py") == string
+
+
+def test_a_module_left_with_its_docstring_is_emptied():
+    lean = lean_module()
+    new = lean.drop_marked_python(MARKED_PYTHON, KNOWN, KNOWN, "m.py")
+    assert "LIST" in new and not lean.emptied(MARKED_PYTHON, new)
+    only = f'"""Hooks."""\n\n\nclass A:  {MARK} alpha\n    pass\n'
+    assert lean.drop_marked_python(only, {"alpha"}, KNOWN, "m.py") == '"""Hooks."""\n'
+    assert lean.emptied(only, '"""Hooks."""\n') and not lean.emptied(only, only)
+    assert not lean.emptied('"""Nothing."""\n', '"""Nothing."""\n')
+
+
+def test_a_markdown_marker_names_several_features():
+    lean = lean_module()
+    text = "a<!-- feature: alpha beta -->b<!-- /feature -->c\n"
+    assert lean._apply_markers(text, set(), KNOWN, "x.md") == text
+    kept = "a<!-- feature: beta -->b<!-- /feature -->c\n"
+    assert lean._apply_markers(text, {"alpha", "gamma"}, KNOWN, "x.md") == kept
+    assert lean._apply_markers(text, {"alpha", "beta"}, KNOWN, "x.md") == "ac\n"
+    rows = (
+        "| a | b |\n|---|---|\n| kept | 1 |<!-- feature: alpha -->\n"
+        "| alpha's | 2 |<!-- /feature -->\n| kept too | 3 |\n"
+    )
+    assert lean._apply_markers(rows, {"alpha"}, KNOWN, "x.md") == (
+        "| a | b |\n|---|---|\n| kept | 1 |\n| kept too | 3 |\n"
+    )
+
+
+def test_a_file_tree_loses_the_entries_the_copy_leaves_out():
+    lean = lean_module()
+    tree = [
+        "conf/          configs\n",
+        "src/pkg/       the package\n",
+        "  gone.py      what it was,\n",
+        "               on two lines\n",
+        "  kept.py      what it is\n",
+        "  gone/        a folder\n",
+        "    inner.py   in it\n",
+        "train.py, eval.py   entry points\n",
+    ]
+
+    def is_gone(path: str) -> bool:
+        return path in ("src/pkg/gone.py", "src/pkg/gone") or path.startswith("src/pkg/gone/")
+
+    assert lean._tree_without(tree, is_gone) == [tree[0], tree[1], tree[4], tree[7]]
 
 
 # As in pyproject.toml's import-linter contracts (layers relative to a container, siblings split

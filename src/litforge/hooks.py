@@ -4,11 +4,11 @@ calls only classes that do (`isinstance`/`issubclass`, no attribute probing). Ho
 brings its checks and set-up without the core knowing it. The strategies' own interface, naming a
 lost process in one line: `strategies.ReportsLostProcesses`."""
 
-from pathlib import Path
-from typing import Any
+from pathlib import Path  # feature: tracking
+from typing import Any  # feature: backbones model_parallel parameter_server elastic
 
 
-class PreparesRun:
+class PreparesRun:  # feature: backbones model_parallel parameter_server elastic
     """A strategy, callback or (when training) network class named by `_target_` in the config:
     `pipeline.prepare_run` calls `prepare_run(cfg)` after the core's config checks, before data is
     read or anything is built. It may refuse settings (UserError, naming the config key) and set
@@ -19,7 +19,7 @@ class PreparesRun:
         """Check and prepare the run of `cfg` (the composed DictConfig; may be changed)."""
 
 
-class ChecksFit:
+class ChecksFit:  # feature: model_parallel
     """A strategy that refuses a model or checkpoint it cannot run: `pipeline.train` calls
     `check_fit(model, ckpt_path)` once the Trainer is built, before its processes start."""
 
@@ -27,7 +27,7 @@ class ChecksFit:
         """Raise a UserError for a model (or checkpoint to resume, when fitting) it cannot run."""
 
 
-class LogsRunFiles:
+class LogsRunFiles:  # feature: tracking
     """A logger that keeps files: `pipeline.finish` calls `log_run_files(run_dir, best)` on the
     global-zero process once metrics.json is written (`best`: the best checkpoint, or None)."""
 

@@ -29,7 +29,11 @@ from litforge.checks import accelerator_is_cpu, check_config
 from litforge.console import CONFIG_TREE, print_config, print_metrics, quiet_lightning
 from litforge.data.base import DataModule, model_arguments
 from litforge.errors import UserError, user_error
-from litforge.hooks import ChecksFit, LogsRunFiles, PreparesRun
+from litforge.hooks import (
+    ChecksFit,  # feature: model_parallel
+    LogsRunFiles,  # feature: tracking
+    PreparesRun,  # feature: backbones model_parallel parameter_server elastic
+)
 from litforge.strategies import lost_process_ends_the_job
 
 log = logging.getLogger(__name__)
@@ -50,7 +54,7 @@ def instantiate(config: Any, **kwargs: Any) -> Any:
 
 def start(cfg: DictConfig) -> None:
     check_config(cfg, needs_checkpoint=not cfg.get("train", False))  # before any output
-    prepare_run(cfg)
+    prepare_run(cfg)  # feature: backbones model_parallel parameter_server elastic
     quiet_lightning()  # Hydra's logging is set up by now
     if cfg.extras.get("print_config"):
         print_config(cfg, save_to=Path(cfg.paths.output_dir) / CONFIG_TREE)
@@ -85,6 +89,7 @@ def describe_run(cfg: DictConfig) -> None:
         )
 
 
+# feature: backbones model_parallel parameter_server elastic
 def prepare_run(cfg: DictConfig) -> None:
     """Call `prepare_run(cfg)` on each class the strategy and callbacks name that is a
     `hooks.PreparesRun`: a feature's own config checks and set-up, before anything is read or
@@ -227,7 +232,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         ckpt_path = checkpoints.checkpoint_file(ckpt_path, folders or [_checkpoints(cfg)])
     if ckpt_path and not Path(ckpt_path).is_dir():  # (a folder of shards: its strategy's)
         check_fits(checkpoints.read(ckpt_path), ckpt_path, model, datamodule, fitting)
-    if isinstance(trainer.strategy, ChecksFit):  # before processes start
+    if isinstance(trainer.strategy, ChecksFit):  # before processes start  # feature: model_parallel
         trainer.strategy.check_fit(model, ckpt_path if fitting else None)
     metrics: dict[str, float] = {}
     if fitting:
@@ -356,10 +361,10 @@ def finish(cfg: DictConfig, trainer: L.Trainer, metrics: dict[str, float]) -> di
         output_dir.mkdir(parents=True, exist_ok=True)
         metrics_json = json.dumps(metrics, indent=2, sort_keys=True)
         (output_dir / "metrics.json").write_text(metrics_json + "\n")
-        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else None
-        for logger in trainer.loggers:
+        for logger in trainer.loggers:  # feature: tracking
             if isinstance(logger, LogsRunFiles):
-                logger.log_run_files(output_dir, best)
+                callback = trainer.checkpoint_callback
+                logger.log_run_files(output_dir, callback.best_model_path if callback else None)
         print_metrics(metrics, output_dir)
     # A job's processes close their process group here, not at the interpreter's exit: gloo's
     # threads still holding tensors then can abort the process ("terminate called without an

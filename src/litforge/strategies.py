@@ -1,6 +1,6 @@
 """DDP with its gradient communication hook on every device, and how a strategy (the feature
 folders' too) names a lost process in one line (`ReportsLostProcesses`). What else the pipeline
-calls on a strategy: `hooks.PreparesRun` (its settings), `hooks.ChecksFit` (model, checkpoint)."""
+calls on a strategy: docs/architecture.md, "What the pipeline calls"."""
 
 import contextlib
 import logging
