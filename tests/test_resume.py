@@ -302,7 +302,6 @@ def test_a_checkpoint_of_lightning_before_2_is_refused(tmp_path):
     to delete: `checkpoint_callback_best_model_path`) from keys of their own: refused."""
     from helpers import write_cnn_checkpoint
 
-
     path = write_cnn_checkpoint(tmp_path / "cnn.ckpt", 32)
     checkpoint = torch.load(path, weights_only=True)
     checkpoint["pytorch-lightning_version"] = "0.9.0"

@@ -1,5 +1,5 @@
 """`python tests/deploy/serve_with_test_networks.py <overrides>`: serve.py, whose checkpoints may
-also build the test networks of tests/helpers.py (`helpers.TEST_NETWORKS`).
+also build the test networks of tests/helpers.py (`helpers.TEST_PACKAGES`).
 
 LitServe spawns the model processes: each is a fresh interpreter that imports the main module
 of the server (this file, not serve.py) before it loads the model, so they allow them too."""
@@ -10,11 +10,12 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
 
-from helpers import TEST_NETWORKS  # noqa: E402  (from tests/)
+from helpers import TEST_PACKAGES  # noqa: E402  (from tests/)
 
-import litforge.models  # noqa: E402
+import litforge.checkpoints  # noqa: E402
 
-litforge.models.NETWORKS = (*litforge.models.NETWORKS, *TEST_NETWORKS)  # what may be built
+# What a checkpoint may build: also the classes of tests/helpers.py.
+litforge.checkpoints.TRUSTED_PACKAGES = (*litforge.checkpoints.TRUSTED_PACKAGES, *TEST_PACKAGES)
 
 if __name__ == "__main__":
     serve_py = TESTS.parent / "serve.py"

@@ -22,7 +22,7 @@ import pytest
 from fastapi import Request
 from helpers import (
     ROOT,
-    TEST_NETWORKS,
+    TEST_PACKAGES,
     compose_config,
     free_port,
     photo,
@@ -148,9 +148,10 @@ def get_ok(url: str) -> bool:
 @pytest.fixture
 def test_networks(monkeypatch):
     """Checkpoints of helpers' test networks load in this process (as in WITH_TEST_NETWORKS)."""
-    import litforge.models
+    import litforge.checkpoints
 
-    monkeypatch.setattr(litforge.models, "NETWORKS", (*litforge.models.NETWORKS, *TEST_NETWORKS))
+    trusted = (*litforge.checkpoints.TRUSTED_PACKAGES, *TEST_PACKAGES)
+    monkeypatch.setattr(litforge.checkpoints, "TRUSTED_PACKAGES", trusted)
 
 
 @pytest.fixture(scope="module")
