@@ -683,9 +683,10 @@ def write_checkpoint(
 
 
 class SlowNet(torch.nn.Module):
-    """A test network for serving (a checkpoint builds it only where a test trusts its package:
-    `TEST_PACKAGES`): the channels' means through a linear layer, each forward `seconds` long; with `gate` (a port on 127.0.0.1), the first forward connects there and waits for a
-    byte, so that a test decides when it ends. `calls` counts the forwards."""
+    """A test network for serving (a checkpoint builds it only where a test trusts its
+    package: `TEST_PACKAGES`): the channels' means through a linear layer, each forward
+    `seconds` long; with `gate` (a port on 127.0.0.1), the first forward connects there and
+    waits for a byte, so that a test decides when it ends. `calls` counts the forwards."""
 
     def __init__(
         self,
@@ -789,7 +790,7 @@ def assert_dead_rank_named(tmp_path: Path, data_dir: Path, *strategy: str) -> No
         return
     assert text.strip().splitlines()[-1] == (
         f"error: the {named}, so the job stopped. Its own output above says why; to resume, run "
-        f"the same command with ckpt_path=last."
+        f"the same command with hydra.run.dir=<its run folder> ckpt_path=last."
     ), text[-3000:]
 
 

@@ -1,5 +1,6 @@
 """`python eval.py ckpt_path=...`: test a checkpoint with the network stored in it."""
 
+import contextlib
 import shlex
 
 import pytest
@@ -141,25 +142,29 @@ def test_load_from_checkpoint_rebuilds_the_trained_module(one_epoch_run):
 @pytest.mark.parametrize(
     ("under", "craft"), [("hyper_parameters", craft) for craft in CRAFTED] + LEGACY_CRAFTS
 )
-def test_a_checkpoint_builds_only_listed_networks(tmp_path, one_epoch_run, under, craft, entry):
-    """A checkpoint is data: what its configs name is checked against litforge.models'
-    lists before anything is called (here: nothing made in `made/`), on every path that reads
-    one (predict, export and serve: tests/deploy/test_inference.py). Checked alike wherever
-    Lightning's loading takes the module's arguments from: `hyper_parameters`, the legacy keys
-    `hparams` and `module_arguments`, or all as one argument that `hparams_name` names."""
+def test_a_checkpoint_builds_only_trusted_classes(tmp_path, one_epoch_run, under, craft, entry):
+    """A checkpoint is data: where its settings are built (eval.py, load_from_checkpoint; and
+    predict, export and serve: tests/deploy/test_inference.py), what they name is checked before
+    anything is called (here: nothing made in `made/`), alike wherever Lightning's loading takes
+    the module's arguments from: `hyper_parameters`, the legacy keys `hparams` and
+    `module_arguments`, or all as one argument that `hparams_name` names. Resuming and
+    train=false build the module from the run's own config: the checkpoint's settings build
+    nothing there either."""
     from litforge.models import ClassificationModule
 
     last, data_dir = one_epoch_run
     path, made = crafted_checkpoint(last, craft, tmp_path, under=under)
     data = ["data=mnist", f"ckpt_path={path}", f"paths.data_dir={data_dir}", "logger=none"]
-    with pytest.raises(UserError, match=REFUSED):
-        if entry == "eval.py":
-            evaluate(compose_config("eval", tmp_path / "e", data))
-        elif entry == "load_from_checkpoint":  # as docs/evaluation.md shows; fit would go on
-            module = ClassificationModule.load_from_checkpoint(path, weights_only=True)
-            module.configure_optimizers()
-        else:
-            more = ["train=false"] if entry == "train=false" else ["trainer.max_epochs=2"]
+    if entry in ("eval.py", "load_from_checkpoint"):
+        with pytest.raises(UserError, match=REFUSED):
+            if entry == "eval.py":
+                evaluate(compose_config("eval", tmp_path / "e", data))
+            else:  # as docs/evaluation.md shows; fit would go on
+                module = ClassificationModule.load_from_checkpoint(path, weights_only=True)
+                module.configure_optimizers()
+    else:  # (a crafted optimizer class: refused, as the saved state fits only its own)
+        more = ["train=false"] if entry == "train=false" else ["trainer.max_epochs=2"]
+        with contextlib.suppress(UserError):
             train(compose_config("train", tmp_path / "t", [*data, *more]))
     assert not any(made.iterdir())
 
@@ -171,7 +176,7 @@ def test_module_arguments_are_what_lightning_passes_to_the_constructor(tmp_path,
     import lightning as L
     from lightning.pytorch.core import saving
 
-    from litforge.checkpoints import check_settings_data, module_arguments
+    from litforge.checkpoints import check_buildable, module_arguments
 
     class Recording(L.LightningModule):
         received: dict = {}
@@ -217,7 +222,7 @@ def test_module_arguments_are_what_lightning_passes_to_the_constructor(tmp_path,
     )
     for key in saving.CHECKPOINT_PAST_HPARAMS_KEYS:
         with pytest.raises(UserError, match=f"settings under {key}, keys of Lightning before"):
-            check_settings_data({"hyper_parameters": {}, key: {"lr": 1}}, "x.ckpt")
+            check_buildable({"hyper_parameters": {}, key: {"lr": 1}}, "x.ckpt")
 
 
 def test_image_size_channels_and_normalization_come_from_the_checkpoint(tmp_path, monkeypatch):

@@ -276,9 +276,8 @@ def test_a_checkpoint_naming_a_file_outside_its_folder_deletes_nothing(
         torch.save(checkpoint, path)
 
     resumed = [*overrides, "trainer.max_epochs=3", "ckpt_path=last"]  # in place: the same run
-    with pytest.raises(UserError, match="none of the checkpoints in .* loads"):
+    with pytest.raises(UserError, match="/../../victim', which is no absolute path without '..'"):
         train(compose_config("train", tmp_path, resumed))
-    assert "/../../victim', which is no absolute path without '..'" in caplog.text
     assert victim.read_text() == "mine"
 
 

@@ -415,7 +415,7 @@ def test_a_lost_peer_is_named_from_the_error_alone():
     assert DDPStrategy().lost_process(gloo) == (
         "rank 0 lost contact with the other processes of the job (Read error "
         "[127.0.0.1]:9604: Connection reset by peer); one of them stopped or died: to resume, "
-        "run the same command with ckpt_path=last."
+        "run the same command with hydra.run.dir=<its run folder> ckpt_path=last."
     )
     hung = RuntimeError("Application timeout caused pair closure")  # gloo, in the backward pass
     assert (

@@ -284,8 +284,9 @@ def read(path: str | Path) -> dict[str, Any]:
     """The checkpoint file `path`, checked as data, or a UserError saying why not: a file
     torch.save wrote (read with `weights_only=True`: no pickled code runs), a Lightning
     checkpoint of 2.0 or later, whose callback states name only files as Lightning writes them
-    and whose settings build only what `trusted_class` allows. Read once per command: the last
-    file read is kept, for Lightning's loading that follows (`AtomicCheckpointIO`)."""
+    and whose image settings are of the right kinds and sizes. (What its settings build is
+    checked where they are built: `check_sizes`.) Read once per command: the last file read is
+    kept, for Lightning's loading that follows (`AtomicCheckpointIO`)."""
     global _last_read
     path = Path(path).expanduser()
     if not path.is_file():
@@ -314,7 +315,7 @@ def read(path: str | Path) -> dict[str, Any]:
     where = f"ckpt_path={path}"
     migrated = as_lightning_reads_it(checkpoint, where)
     check_callback_paths(migrated, where)
-    check_settings_data(migrated, where)
+    check_data(migrated, where)
     _last_read = (key, checkpoint)
     return checkpoint
 
@@ -361,9 +362,7 @@ def checkpoint_file(ckpt_path: str, checkpoint_dirs: Sequence[str | Path]) -> st
                 f"hydra.run.dir=<it> (where it goes on), or ckpt_path=<it>."
             )
             return None
-        newest = max(found, key=os.path.getmtime)
-        info_on_rank_zero(f"Resuming from {newest}")
-        return str(newest)
+        return str(max(found, key=os.path.getmtime))
     run_last = Path(ckpt_path).expanduser() / "checkpoints" / "last.ckpt"
     return str(run_last) if run_last.exists() else ckpt_path
 
@@ -400,30 +399,39 @@ def override(key: str, path: str | Path) -> str:
     return f"\"{key}='{path}'\"" if "=" in str(path) else f"{key}={path}"
 
 
-def check_settings_data(checkpoint: Mapping[str, Any], where: str) -> None:
-    """The checkpoint's settings (what Lightning passes to the module's constructor, and the
-    data's) are plain values and configs that build only trusted classes (`check_targets`),
-    checked before anything is built. The keys of Lightning before 1.0 that its loading still
-    merges in (`CHECKPOINT_PAST_HPARAMS_KEYS`) are refused: train.py never writes them, and a
-    caller's `hparams_file` would replace `hyper_parameters` but not them."""
+def check_data(checkpoint: Mapping[str, Any], where: str) -> None:
+    """The data's settings in a checkpoint (what eval.py and the deploy commands use) are plain
+    values of the right kinds and sizes."""
+    from litforge.data.images import INTERPOLATIONS
+
+    data = checkpoint.get("datamodule_hyper_parameters") or {}
+    if not isinstance(data, Mapping) or not isinstance(data.get("name", ""), str):
+        raise UserError(f"{where} holds data settings that are no dict of values. {FIX}")
+    if data.get("interpolation") not in (None, *INTERPOLATIONS):
+        shown = repr(data["interpolation"])[:80]
+        raise UserError(f"{where}: data.interpolation={shown} is none of {INTERPOLATIONS}.")
+    try:
+        check_settings(**data_settings(checkpoint))
+    except UserError as err:
+        raise UserError(f"{where}: {err}") from None
+
+
+def check_buildable(checkpoint: Mapping[str, Any], where: str) -> None:
+    """What a checkpoint's settings would build (the module's constructor gets them) is trusted
+    (`check_targets`), checked before anything is built. The keys of Lightning before 1.0 that
+    its loading still merges in (`CHECKPOINT_PAST_HPARAMS_KEYS`) are refused: train.py never
+    writes them, and a caller's `hparams_file` would replace `hyper_parameters` but not them."""
     if legacy := [key for key in CHECKPOINT_PAST_HPARAMS_KEYS if checkpoint.get(key)]:
         raise UserError(
             f"{where} holds settings under {', '.join(legacy)}, keys of Lightning before 1.0 "
             f"that train.py never writes. {FIX}"
         )
     settings = checkpoint.get("hyper_parameters") or {}
-    data = checkpoint.get("datamodule_hyper_parameters") or {}
-    if not isinstance(settings, Mapping) or not isinstance(data, Mapping):
+    if not isinstance(settings, Mapping):
         raise UserError(f"{where} holds hyper-parameters that are no dict of settings. {FIX}")
     if not isinstance(checkpoint.get("hparams_type") or "", str):  # Lightning would call it
         raise UserError(f"{where}: its hparams_type {checkpoint['hparams_type']!r} is no name.")
     check_targets(settings, where, "model")
-    if not isinstance(data.get("name", ""), str):
-        raise UserError(f"{where}: its dataset name {data['name']!r} is no name. {FIX}")
-    try:
-        check_settings(**data_settings(checkpoint))
-    except UserError as err:
-        raise UserError(f"{where}: {err}") from None
 
 
 def check_targets(value: Any, where: str, key: str) -> None:
@@ -646,9 +654,10 @@ def build_module(checkpoint: dict[str, Any], cls: type, where: str) -> L.Lightni
 
 
 def check_sizes(checkpoint: dict[str, Any], cls: type, where: str) -> None:
-    """Built on the meta device first (no memory), the module has the shapes of the checkpoint's
-    tensors: settings naming a larger network than they hold are refused before anything is
-    allocated."""
+    """Its settings build only trusted classes (`check_buildable`), and, built on the meta
+    device first (no memory), the module has the shapes of the checkpoint's tensors: settings
+    naming a larger network than they hold are refused before anything is allocated."""
+    check_buildable(checkpoint, where)
     arguments = module_arguments(checkpoint, cls)
     try:
         with torch.device("meta"):

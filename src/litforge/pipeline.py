@@ -122,13 +122,25 @@ def build_model(cfg: DictConfig, datamodule: L.LightningDataModule) -> L.Lightni
     `model_arguments`) where its constructor takes it and the config does not set it. Its
     configs (net, optimizer, scheduler) stay configs: the module builds them."""
     arguments = model_arguments(datamodule)
-    declared = inspect.signature(hydra.utils.get_class(cfg.model._target_)).parameters
+    declared = parameters(hydra.utils.get_class(cfg.model._target_))
     given = {k: v for k, v in arguments.items() if k in declared and k not in cfg.model}
     model = instantiate(cfg.model, **given, _recursive_=False)
     if any(entry and entry.get("log_graph") for entry in (cfg.get("logger") or {}).values()):
         # Only then: the model summary would run it too, which a sharded model can't on one rank.
         model.example_input_array = torch.zeros(2, *arguments["input_shape"])
     return model
+
+
+def parameters(cls: type) -> set[str]:
+    """The names a class's constructor takes; through `**kwargs`, its parents' too (a subclass's
+    `__init__(self, *args, **kwargs)` passes them on)."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        signature = inspect.signature(klass.__init__).parameters.values()
+        names |= {p.name for p in signature if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+        if all(p.kind != p.VAR_KEYWORD for p in signature):
+            break
+    return names
 
 
 def _instantiate_entries(group: DictConfig | None) -> list[Any]:
@@ -231,7 +243,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
         folders = [d for cb in trainer.checkpoint_callbacks if (d := getattr(cb, "dirpath", None))]
         ckpt_path = checkpoints.checkpoint_file(ckpt_path, folders or [_checkpoints(cfg)])
     if ckpt_path and not Path(ckpt_path).is_dir():  # (a folder of shards: its strategy's)
-        check_fits(checkpoints.read(ckpt_path), ckpt_path, model, datamodule, fitting)
+        checkpoint = checkpoints.read(ckpt_path)
+        check_fits(checkpoint, ckpt_path, model, datamodule, fitting)
+        at = f"epoch {checkpoint.get('epoch')}, step {checkpoint.get('global_step')}"
+        checkpoints.info_on_rank_zero(
+            f"{'Resuming from' if fitting else 'Testing'} {ckpt_path} ({at})"
+        )
     if isinstance(trainer.strategy, ChecksFit):  # before processes start  # feature: model_parallel
         trainer.strategy.check_fit(model, ckpt_path if fitting else None)
     metrics: dict[str, float] = {}

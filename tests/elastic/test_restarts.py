@@ -1,6 +1,6 @@
 """Jobs a launcher restarts (litforge.elastic, callbacks.restarts): torchrun after a killed or hung
 worker, SLURM after a requeue or a lost node. Each restart resumes from the last checkpoint by
-itself (`ckpt_path` defaults to `auto` there) and ends where an uninterrupted run ends."""
+itself (`ckpt_path` defaults to `last` there) and ends where an uninterrupted run ends."""
 
 import os
 import re
@@ -99,7 +99,7 @@ def worker_pid(agent: int, local_rank: int) -> int:
 def uninterrupted_torchrun(tmp_path_factory, data_dir) -> Path:
     status, output, run = torchrun(tmp_path_factory.mktemp("reference"), data_dir=data_dir)
     assert status == 0, output[-3000:]
-    assert "No checkpoint in" in output  # ckpt_path=auto, nothing to resume yet
+    assert "No checkpoint in" in output  # ckpt_path=last, nothing to resume yet
     assert "Resuming from" not in output, output[-6000:]  # the reference ran in one go
     return run
 
@@ -216,7 +216,7 @@ def test_a_requeued_slurm_job_resumes_from_its_last_checkpoint(
     run = tmp_path / "logs" / "train" / "runs" / f"slurm-{job}"
 
     statuses, output = slurm_job(job, [*args, *fault_args], env)
-    assert f"No checkpoint in {run / 'checkpoints'}, starting fresh" in output
+    assert f"No checkpoint in {run / 'checkpoints'} to resume (ckpt_path=last): starting" in output
     assert "Traceback" not in output
     if fault == "SIGUSR1":  # the time-limit warning: both save mid-epoch, requeue, stop
         assert statuses == [143, 143], output[-3000:]
@@ -242,13 +242,13 @@ def test_a_requeued_slurm_job_resumes_from_its_last_checkpoint(
     [
         ({}, None),
         ({"TORCHELASTIC_RUN_ID": "j", "TORCHELASTIC_MAX_RESTARTS": "0"}, None),
-        ({"TORCHELASTIC_RUN_ID": "j", "TORCHELASTIC_MAX_RESTARTS": "3"}, "auto"),
-        ({**SLURM, "SLURM_JOB_ID": "12"}, "auto"),
+        ({"TORCHELASTIC_RUN_ID": "j", "TORCHELASTIC_MAX_RESTARTS": "3"}, "last"),
+        ({**SLURM, "SLURM_JOB_ID": "12"}, "last"),
         ({**SLURM, "SLURM_JOB_ID": "12", "SLURM_JOB_NAME": "bash"}, None),  # srun --pty bash
     ],
     ids=["plain", "torchrun", "torchrun-restarts", "slurm", "slurm-interactive"],
 )
-def test_ckpt_path_is_auto_where_a_launcher_runs_the_job_again(
+def test_ckpt_path_is_last_where_a_launcher_runs_the_job_again(
     tmp_path, launched, variables, default
 ):
     launched(**variables)
