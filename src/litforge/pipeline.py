@@ -240,8 +240,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     check_shares(datamodule, trainer, evaluated + (["test"] if cfg.get("test") else []))
     ckpt_path = cfg.get("ckpt_path")
     if ckpt_path:
-        folders = [d for cb in trainer.checkpoint_callbacks if (d := getattr(cb, "dirpath", None))]
-        ckpt_path = checkpoints.checkpoint_file(ckpt_path, folders or [_checkpoints(cfg)])
+        folders = {
+            d: 1 for cb in trainer.checkpoint_callbacks if (d := getattr(cb, "dirpath", None))
+        }
+        ckpt_path = checkpoints.checkpoint_file(ckpt_path, list(folders) or [_checkpoints(cfg)])
     if ckpt_path and not Path(ckpt_path).is_dir():  # (a folder of shards: its strategy's)
         checkpoint = checkpoints.read(ckpt_path)
         check_fits(checkpoint, ckpt_path, model, datamodule, fitting)
