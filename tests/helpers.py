@@ -789,7 +789,7 @@ def assert_dead_rank_named(tmp_path: Path, data_dir: Path, *strategy: str) -> No
         return
     assert text.strip().splitlines()[-1] == (
         f"error: the {named}, so the job stopped. Its own output above says why; to resume, run "
-        f"the same command with ckpt_path=last."
+        f"the same command with hydra.run.dir=<its run folder> ckpt_path=last."
     ), text[-3000:]
 
 
