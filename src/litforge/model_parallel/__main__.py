@@ -1,4 +1,4 @@
-"""A folder of shards as one checkpoint file, for eval.py, predict.py, export.py and serve.py:
+"""A folder of shards as one checkpoint file, for eval.py and every command that takes one:
 
 python -m litforge.model_parallel to-file FOLDER [FILE]  # FILE: default FOLDER's name, .pt
 """
@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(
-        f"Wrote {written}: its weights and settings, for eval.py, predict.py, export.py and "
-        f"serve.py ({override('ckpt_path', written)}). Resuming goes on from the folder."
+        f"Wrote {written}: its weights and settings, for eval.py and every command that takes "
+        f"a checkpoint file ({override('ckpt_path', written)}). Resuming goes on from the folder."
     )
     return 0
 

@@ -1,9 +1,9 @@
 """Folders of shards (`strategy.save_distributed_checkpoint=true`): torch.distributed.checkpoint's
 shards and `.metadata`, beside Lightning's `meta.pt` (everything but the weights and optimizer
 states). The strategy that wrote one resumes and tests from it (`strategy.py`); `to_file` puts its
-weights together into one checkpoint file, which eval.py, predict.py, export.py and serve.py
-take: `python -m litforge.model_parallel to-file FOLDER [FILE]`. `read_meta` checks its
-`meta.pt` as the core's `checkpoints.read` checks a file, for both."""
+weights together into one checkpoint file, which eval.py and every command that takes a checkpoint
+file take: `python -m litforge.model_parallel to-file FOLDER [FILE]`. `read_folder` checks its
+`meta.pt` as the core's `checkpoints.read` checks a file, and its shards' metadata, for both."""
 
 from __future__ import annotations
 
