@@ -1,7 +1,7 @@
 """`strategy=model_parallel`: FSDP2 and tensor parallelism over CPU processes (gloo): the
 parameters sharded as litforge/model_parallel/parallelize.py says, both checkpoint formats,
-resuming from each, and single-device evaluation of the result (a folder of shards read
-directly)."""
+resuming from each, and single-device evaluation of the result (a folder of shards put together
+into one file first: `python -m litforge.model_parallel to-file`)."""
 
 import json
 import math
@@ -18,7 +18,7 @@ from helpers import (
     tiny_run_args,
 )
 
-from litforge.checkpoints import read_checkpoint
+from litforge.model_parallel.shards import read_meta, to_file
 from litforge.pipeline import evaluate as pipeline_evaluate
 
 MP = ["strategy=model_parallel", "strategy.timeout.minutes=3"]
@@ -53,7 +53,7 @@ def evaluate(ckpt, data_dir, out_dir) -> dict:
 
 
 @pytest.mark.slow
-def test_fsdp2_shards_every_layer_its_folders_evaluate_directly_and_resume(tmp_path, idx_data_dir):
+def test_fsdp2_shards_every_layer_its_folders_evaluate_and_resume(tmp_path, idx_data_dir):
     run_dir = tmp_path / "run"
     args = tiny_run_args(
         idx_data_dir,
@@ -71,14 +71,15 @@ def test_fsdp2_shards_every_layer_its_folders_evaluate_directly_and_resume(tmp_p
     last = run_dir / "checkpoints" / "last.ckpt"
     assert last.is_dir(), "save_distributed_checkpoint=true writes a folder of shards"
 
-    # The best checkpoint's folder of shards, read directly by both entry points that test
+    # The best checkpoint's folder of shards, put together into one file: eval.py tests it
     best = next((run_dir / "checkpoints").glob("epoch_*.ckpt"))
     assert best.is_dir()
+    whole = to_file(best)
     trained = json.loads((run_dir / "metrics.json").read_text())
-    evaluated = evaluate(best, idx_data_dir, tmp_path / "e1")
+    evaluated = evaluate(whole, idx_data_dir, tmp_path / "e1")
     assert evaluated["test/acc"] == pytest.approx(trained["test/acc"], abs=1e-6)
-    # and by predict.py / export.py / serve.py (one device, the normalization from the shards)
-    predicted = predicted_accuracy(best, idx_data_dir / "mnist")
+    # and predict.py / export.py / serve.py take it (one device, the normalization from it)
+    predicted = predicted_accuracy(whole, idx_data_dir / "mnist")
     assert predicted == pytest.approx(trained["test/acc"], abs=1e-6)
     # train=false under the same strategy: every process reads the folder, then shards it again
     train(
@@ -106,7 +107,7 @@ def test_fsdp2_shards_every_layer_its_folders_evaluate_directly_and_resume(tmp_p
             "test=false",
         )
     )
-    state = read_checkpoint(resumed_dir / "checkpoints" / "last.ckpt")  # a folder of shards
+    state = read_meta(resumed_dir / "checkpoints" / "last.ckpt")  # a folder of shards
     assert state["epoch"] == 1 and state["global_step"] == 2 * 5  # 500 images / (2 x 50) per step
 
 

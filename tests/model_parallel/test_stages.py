@@ -1,7 +1,8 @@
 """`strategy.pipeline_parallel_size` > 1 (litforge/model_parallel/stages.py): stages of the
 network on their own processes (gloo on CPUs), run by torch.distributed.pipelining's schedules.
 Each run's steps, losses and consolidated weights equal one process training on the same global
-batches, and its folder of shards evaluates on one device to its own test accuracy."""
+batches, and its folder of shards, put together into one file (`python -m litforge.model_parallel
+to-file`), evaluates on one device to its own test accuracy."""
 
 import json
 
@@ -16,8 +17,9 @@ from helpers import (
     tiny_run_args,
 )
 
-from litforge.checkpoints import read_checkpoint
+from litforge.checkpoints import read
 from litforge.errors import UserError
+from litforge.model_parallel.shards import read_meta, to_file
 from litforge.pipeline import train as train_in_process
 
 STEPS = 6  # optimizer steps of every run below
@@ -36,7 +38,7 @@ def run(tmp_path, name: str, *args: str, progress_bar: bool = False) -> dict:
     result = run_script("train.py", *base, env=env, timeout=400)
     assert result.returncode == 0, result.stderr[-4000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    weights = read_checkpoint(run_dir / "checkpoints" / "last.ckpt")["state_dict"]
+    weights = read(to_file(run_dir / "checkpoints" / "last.ckpt"))["state_dict"]  # a folder
     return {"metrics": metrics, "weights": weights, "dir": run_dir}
 
 
@@ -45,7 +47,7 @@ def run_in_process(tmp_path, name: str, *args: str) -> dict:
     out = tmp_path / name
     overrides = [*tiny_run_args(tmp_path / "data", None), *MLP, "logger=none", *args]
     metrics = train_in_process(compose_config("train", out, overrides))
-    weights = read_checkpoint(out / "run" / "checkpoints" / "last.ckpt")["state_dict"]
+    weights = read(out / "run" / "checkpoints" / "last.ckpt")["state_dict"]
     return {"metrics": metrics, "weights": weights, "dir": out / "run"}
 
 
@@ -99,10 +101,11 @@ def test_two_stages_train_as_one_process_accumulating_microbatches(data, accumul
         f"trainer.limit_train_batches={STEPS}",
     )
     assert_same_training(piped, accumulating)
-    # the folder of shards is the single-device checkpoint: predict/eval read it on one device
+    # the folder of shards is the single-device checkpoint: put together into one file,
+    # predict/eval take it on one device
     best = next((piped["dir"] / "checkpoints").glob("epoch_*.ckpt"))
     assert best.is_dir()
-    accuracy = predicted_accuracy(best, data / "data" / "mnist")
+    accuracy = predicted_accuracy(to_file(best), data / "data" / "mnist")
     assert accuracy == pytest.approx(piped["metrics"]["test/acc"], abs=1e-6)
 
     if schedule == "gpipe":  # and resumes: ckpt_path=last continues the run's own folder
@@ -115,7 +118,7 @@ def test_two_stages_train_as_one_process_accumulating_microbatches(data, accumul
             "trainer.max_epochs=2",
             "ckpt_path=last",
         )
-        state = read_checkpoint(resumed["dir"] / "checkpoints" / "last.ckpt")
+        state = read_meta(resumed["dir"] / "checkpoints" / "last.ckpt")
         assert (state["epoch"], state["global_step"]) == (1, 2 * STEPS)
 
 
@@ -139,9 +142,9 @@ def test_pipeline_times_data_parallel_on_four_processes(data):
 @pytest.mark.slow
 def test_cnn_in_two_stages_of_two_tensor_parallel_processes(data):
     """The README's 3-D example: the CNN (channels-last convolutions) cut into its convolution
-    blocks and head, each stage tensor-parallel over 2 processes; its folder of shards reads on
-    one device to the run's own test accuracy. With the progress bar, as a user runs it (the
-    processes other than rank 0 skip it)."""
+    blocks and head, each stage tensor-parallel over 2 processes; its folder of shards, put
+    together into one file, reads on one device to the run's own test accuracy. With the
+    progress bar, as a user runs it (the processes other than rank 0 skip it)."""
     piped = run(
         data,
         "cnn_pp2_tp2",
@@ -155,7 +158,7 @@ def test_cnn_in_two_stages_of_two_tensor_parallel_processes(data):
         progress_bar=True,
     )
     best = next((piped["dir"] / "checkpoints").glob("epoch_*.ckpt"))
-    accuracy = predicted_accuracy(best, data / "data" / "mnist")
+    accuracy = predicted_accuracy(to_file(best), data / "data" / "mnist")
     assert accuracy == pytest.approx(piped["metrics"]["test/acc"], abs=1e-6)
     assert piped["metrics"]["train/loss"] < 2.3  # below chance: it learned
 

@@ -4,9 +4,8 @@
 - `ImageClassifier`: the network with its input normalization inside; what export.py writes.
 - `InputContract`: what the model takes (channels, size, mean/std), read from the checkpoint,
   and `prepare`, which turns an image file's bytes into that input the way training did.
-- `load_classifier`: any model file litforge writes (a checkpoint or folder of
-  shards, `model.onnx`, `model.pt2`) as a `LoadedClassifier`: its contract, class names and a
-  `logits(images)` function.
+- `load_classifier`: any model file litforge writes (a checkpoint, `model.onnx`, `model.pt2`)
+  as a `LoadedClassifier`: its contract, class names and a `logits(images)` function.
 - `image_files`: what `input=<file|folder|glob>` names.
 """
 
@@ -173,8 +172,7 @@ def load_classifier(
     path: str | Path, device: str = "cpu", compile: bool = False, key: str = "ckpt_path"
 ) -> LoadedClassifier:
     """The model in `path`: `*.onnx` (onnxruntime), `*.pt2` (torch.export), anything else a
-    checkpoint train.py wrote (a file or a folder of shards). `key` names the
-    setting in error messages."""
+    checkpoint file train.py wrote. `key` names the setting in error messages."""
     path = Path(path).expanduser()
     if not path.exists():
         raise UserError(f"{key}={path}: no such file.")

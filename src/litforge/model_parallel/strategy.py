@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from litforge.errors import UserError, number_problem
 from litforge.hooks import ChecksFit, PreparesRun
 from litforge.model_parallel.parallelize import count_blocks, has_plan, parallelize
+from litforge.model_parallel.shards import read_meta
 from litforge.model_parallel.stages import SCHEDULES, Stages, num_stages
 from litforge.strategies import ReportsLostProcesses
 
@@ -55,7 +56,10 @@ class ModelParallelStrategy(
 
     def check_fit(self, model: Any, ckpt_path: str | None) -> None:
         """A network without a plan of its own split; more stages than the network has blocks;
-        a pipeline resuming from one file."""
+        a pipeline resuming from one file; a folder of shards to resume from that is not whole
+        or whose `meta.pt` fails the checks of a checkpoint file (`shards.read_meta`)."""
+        if ckpt_path and Path(ckpt_path).is_dir():  # (`load_checkpoint` checks it again)
+            read_meta(ckpt_path)
         pp, net = self.pipeline_parallel_size, getattr(model, "net", None)
         sizes = self._data_parallel_size, self._tensor_parallel_size
         _, tp = mesh_sizes(*sizes, self.num_processes, self.num_nodes, pp)
@@ -200,9 +204,14 @@ class ModelParallelStrategy(
         return get_optimizer_state_dict(self.model, optimizer, options=options)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict:
-        """Lightning's loading of a folder of shards, with flattened optimizer states."""
+        """Lightning's loading of a folder of shards (resuming, or testing with train=false),
+        its `meta.pt` checked first as the core checks a checkpoint file (`shards.read_meta`);
+        with pipeline stages, flattened optimizer states."""
+        path = Path(self.broadcast(checkpoint_path))  # rank 0's, as Lightning reads it
+        if path.is_dir():  # (a file: the core's `checkpoints.read` checked it before)
+            read_meta(path)
         if self.pipeline_parallel_size == 1:
-            return super().load_checkpoint(checkpoint_path, weights_only)
+            return super().load_checkpoint(path, weights_only)
         from lightning.fabric.strategies.model_parallel import (
             _METADATA_FILENAME,
             _distributed_checkpoint_load,
@@ -214,7 +223,6 @@ class ModelParallelStrategy(
             set_optimizer_state_dict,
         )
 
-        path = Path(self.broadcast(checkpoint_path))
         model_state = {"state_dict": get_model_state_dict(self.model)}  # this stage's keys
         _distributed_checkpoint_load(model_state, path)
         self.model.load_state_dict(model_state["state_dict"])
@@ -285,8 +293,8 @@ def check_pipeline(cfg: DictConfig) -> None:
     if not strategy.save_distributed_checkpoint:
         raise UserError(
             "strategy.save_distributed_checkpoint=false is not supported with "
-            "strategy.pipeline_parallel_size>1: each stage saves its own shards (which eval.py "
-            "reads on one device)."
+            "strategy.pipeline_parallel_size>1: each stage saves its own shards (`python -m "
+            "litforge.model_parallel to-file` puts them together into one file)."
         )
 
 
