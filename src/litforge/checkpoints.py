@@ -38,7 +38,7 @@ info_on_rank_zero = rank_zero_only(log.info)
 FIX = "Point it at a checkpoint written by train.py (<run dir>/checkpoints/)."
 MAX_CLASSES = 10_000  # of a checkpoint (`check_settings`)
 # Third-party packages whose classes a checkpoint may build (a network config naming, say,
-# `timm.layers.Mlp`): add yours here. Beside them: this project's own packages (`src/<name>/`
+# `mylib.layers.Block`): add yours here. Beside them: this project's own packages (`src/<name>/`
 # and `<name>/` of this checkout) and torch's building blocks.
 TRUSTED_PACKAGES: tuple[str, ...] = ()
 TORCH_PACKAGES = ("torch.nn", "torch.optim")  # (torch.optim.lr_scheduler is in torch.optim)
@@ -161,7 +161,7 @@ def how_to_resume(run: str | None = None) -> str:
 class ResumeState(L.Callback):
     """What Lightning leaves out of a checkpoint: the random generators' states (a resumed run
     draws the same dropout and augmentations), the module's class and the data's settings (what
-    `eval.py` and the deploy commands rebuild it with). And resuming follows the run's config:
+    `eval.py` and other loaders rebuild it with). And resuming follows the run's config:
     the learning-rate schedule the module configures now (a longer run's stretches), and the
     best checkpoints so far when resumed into a new folder."""
 
@@ -400,7 +400,7 @@ def override(key: str, path: str | Path) -> str:
 
 
 def check_data(checkpoint: Mapping[str, Any], where: str) -> None:
-    """The data's settings in a checkpoint (what eval.py and the deploy commands use) are plain
+    """The data's settings in a checkpoint (what eval.py and other loaders use) are plain
     values of the right kinds and sizes."""
     from litforge.data.images import INTERPOLATIONS
 
