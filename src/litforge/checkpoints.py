@@ -66,7 +66,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             partial.unlink(missing_ok=True)
 
     def load_checkpoint(self, path, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        return read(path)
+        global _last_read
+        checkpoint, _last_read = read(path), None  # (handed over: not kept any longer)
+        return checkpoint
 
 
 class LastCheckpoint(ModelCheckpoint):
