@@ -287,8 +287,8 @@ def test_the_core_copy_has_no_feature(core):
     config = (core.tree / "conf" / "train.yaml").read_text()
     assert "optional sweeps" not in config and "hparams_search" not in config
     assert "restarts" not in (core.tree / "conf" / "callbacks" / "default.yaml").read_text()
-    networks = (core.tree / "src" / "litforge" / "models" / "__init__.py").read_text()
-    assert "litforge.models.cnn.CNN" in networks and "backbones" not in networks  # a Python line
+    pipeline = (core.tree / "src" / "litforge" / "pipeline.py").read_text()
+    assert "def build_model" in pipeline and "ChecksFit" not in pipeline  # a Python statement
 
 
 def test_the_copy_does_not_give_the_whole_suites_time_as_its_own(core):

@@ -305,7 +305,7 @@ def test_a_lost_process_stops_the_job_with_its_name(tmp_path, idx_data_dir, mode
     assert (
         f"error: the process of {name} (pid {victim}) died (killed by SIGKILL), so the job "
         f"stopped. Its own output above says why; to resume, run the same command with "
-        f"ckpt_path=last."
+        f"hydra.run.dir=<its run folder> ckpt_path=last."
     ) in errors, text[-3000:]
     assert all("died" in line or "lost contact" in line for line in errors), errors
 
