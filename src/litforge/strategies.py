@@ -15,10 +15,14 @@ from collections.abc import Iterator
 import lightning.pytorch.strategies
 import torch
 
+from litforge.console import quiet_lightning
 from litforge.errors import UserError
 from litforge.resume import how_to_resume
 
 log = logging.getLogger(__name__)
+# A process DDP spawns (strategy=ddp_spawn) imports this module with the strategy it unpickles,
+# and no other of the pipeline's: Lightning's warnings are quietened there too.
+quiet_lightning()
 # What gloo and NCCL say when a peer is gone; "pair closure": a hung peer (a plain RuntimeError).
 COMMUNICATION_ERRORS = ("gloo", "NCCL", "Connection reset", "Connection closed", "pair closure")
 _FIRST_DEATH = threading.Lock()
