@@ -9,6 +9,10 @@ script's. Needs Fashion-MNIST (`make data`).
     python benchmarks/epoch_time.py                        # every workload, 3 rounds of 3 epochs
     python benchmarks/epoch_time.py --workloads small-step --extras
     python benchmarks/epoch_time.py --fixed-runs 0 trainer=gpu trainer.accelerator=gpu  # a GPU
+    python benchmarks/epoch_time.py --workloads small-step --fixed-runs 0 --stock progress_bar
+
+`--stock PART ...` adds a row per part: the template with that part of ours swapped for
+Lightning's own (the reason docs/architecture.md gives for keeping ours), in the same rounds.
 
 Workloads (the network is trained on Fashion-MNIST, Adam-type optimizer, batch norm):
 - `small-step`: MLP 784-64-128-64-10, no dropout, batch 128: 430 cheap steps an epoch, where the
@@ -48,6 +52,13 @@ from litforge.pipeline import build_datamodule, build_model, build_trainer, fit
 from litforge.runs import register_resolvers
 
 ROOT = Path(__file__).resolve().parents[1]
+# The parts of the template that replace Lightning's for speed (docs/architecture.md): the
+# overrides that put Lightning's back (`--stock`).
+STOCK = {
+    "progress_bar": [
+        "callbacks.rich_progress_bar._target_=lightning.pytorch.callbacks.RichProgressBar"
+    ],
+}
 
 
 def synchronize() -> None:
@@ -95,10 +106,15 @@ def config(model: str, epochs: int, output_dir: str, overrides: list[str]):
 
 
 def template_epochs(
-    model: str, epochs: int, overrides: list[str], callbacks: list[L.Callback] = ()
+    model: str,
+    epochs: int,
+    overrides: list[str],
+    callbacks: list[L.Callback] = (),
+    stock: str | None = None,
 ) -> list[float]:
+    """The template's epochs; with `stock`, with that part of `STOCK` Lightning's own."""
     with tempfile.TemporaryDirectory() as output_dir:
-        cfg = config(model, epochs + 1, output_dir, overrides)
+        cfg = config(model, epochs + 1, output_dir, [*overrides, *STOCK.get(stock, [])])
         L.seed_everything(0, verbose=False)
         datamodule = build_datamodule(cfg)
         net = build_model(cfg, datamodule)
@@ -269,6 +285,13 @@ def main() -> None:
     parser.add_argument("--fixed-runs", type=int, default=3, help="minimal runs of each; 0: none")
     parser.add_argument("--extras", action="store_true", help="also model.compile=true")
     parser.add_argument(
+        "--stock",
+        nargs="*",
+        choices=list(STOCK),
+        default=[],
+        help="also the template with this part Lightning's own (a row each)",
+    )
+    parser.add_argument(
         "overrides", nargs="*", help="config overrides for all, e.g. trainer.precision=bf16-mixed"
     )
     args = parser.parse_args()
@@ -281,20 +304,27 @@ def main() -> None:
         flush=True,
     )
     rows = []
+    paired: list[tuple[str, str, float]] = []  # (workload, stock part, its round's ratio)
     for workload in args.workloads:
         model, overrides = WORKLOADS[workload]
         overrides = [*overrides, *args.overrides]
-        runs = [("litforge", overrides)]
+        runs = [("litforge", overrides, None)]
         if args.extras:
-            runs += [("litforge, model.compile=true", [*overrides, "model.compile=true"])]
+            runs += [("litforge, model.compile=true", [*overrides, "model.compile=true"], None)]
+        runs += [(f"litforge, stock {part}", overrides, part) for part in args.stock]
         # Alternate the loop and the template for `--rounds` rounds and pool each one's epochs:
         # load on a shared machine drifts, and a setup timed in one block would catch one phase.
         epochs: dict[str, list[float]] = {"hand-written loop": [], "bare Lightning": []}
         for _ in range(args.rounds):
             epochs["hand-written loop"] += handwritten_epochs(model, args.epochs, overrides)
             epochs["bare Lightning"] += bare_lightning_epochs(model, args.epochs, overrides)
-            for name, setup in runs:
-                epochs.setdefault(name, []).extend(template_epochs(model, args.epochs, setup))
+            for name, setup, stock in runs:
+                times = template_epochs(model, args.epochs, setup, stock=stock)
+                epochs.setdefault(name, []).extend(times)
+                if stock:  # against the template's epochs of the same round, timed just before
+                    ours = statistics.median(epochs["litforge"][-args.epochs :])
+                    ratio = statistics.median(times) / ours
+                    paired.append((workload, stock, ratio))
         with tempfile.TemporaryDirectory() as output_dir:
             batch = config(model, 1, output_dir, overrides).data.batch_size
         steps = math.ceil(55000 / batch)
@@ -317,6 +347,19 @@ def main() -> None:
             f"| {workload} | {model} | {name} | {seconds:.2f} | {vs_bare:.2f} | {vs_loop:.2f} "
             f"| {extra} |"
         )
+    if paired:
+        print(
+            "\n| workload | part put back to Lightning's | s/epoch vs litforge, median of the "
+            "rounds (min-max) |"
+        )
+        print("|---|---|---|")
+    for workload in args.workloads:
+        for part in args.stock:
+            ratios = [r for w, p, r in paired if (w, p) == (workload, part)]
+            print(
+                f"| {workload} | {part} | {statistics.median(ratios):.3f} "
+                f"({min(ratios):.3f}-{max(ratios):.3f}) |"
+            )
     if args.fixed_runs:
         script, template = fixed_costs(args.fixed_runs)
         print(f"\n| a minimal run, start to exit (median of {args.fixed_runs}) | seconds |")

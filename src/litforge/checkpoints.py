@@ -73,7 +73,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 class LastCheckpoint(ModelCheckpoint):
     """`last.ckpt` every epoch, on SIGTERM, and every `every_n_train_steps` (against kill -9).
-    Lightning's `save_last` saves only with a monitored checkpoint (Lightning #20245). A
+    Lightning's `save_last` (2.6) saves only when a best checkpoint is saved at the same step. A
     ModelCheckpoint that saves nothing itself (`save_top_k=0`): each save is `save(trainer)`,
     `trainer.save_checkpoint` on every process."""
 

@@ -2,9 +2,7 @@
 checks → datamodule → model (`model_arguments(datamodule)`) → Trainer (what the config lists) →
 fit and test the best checkpoint, or test the module a checkpoint names → `metrics.json`."""
 
-import contextlib
 import copy
-import gc
 import inspect
 import json
 import logging
@@ -19,7 +17,6 @@ import lightning as L
 import torch
 from hydra.errors import InstantiationException
 from lightning.pytorch.callbacks import LearningRateMonitor
-from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -37,7 +34,7 @@ from litforge.hooks import (
 from litforge.strategies import lost_process_ends_the_job
 
 log = logging.getLogger(__name__)
-# Here too: a ddp_spawn worker imports this module (NoProfiler) and runs the training loops.
+# On import too: for code that calls these functions without `start` (the benchmarks).
 quiet_lightning()
 
 
@@ -167,16 +164,6 @@ def build_callbacks(cfg: DictConfig) -> list[L.Callback]:
     return callbacks
 
 
-class NoProfiler(PassThroughProfiler):
-    """`trainer.profiler: null`: Lightning's default opens a context around each of a step's ~100
-    hooks (~0.2 ms a step on a CPU); this one hands back one empty context."""
-
-    _nothing = contextlib.nullcontext()
-
-    def profile(self, action_name: str) -> contextlib.nullcontext:
-        return self._nothing
-
-
 def build_trainer(cfg: DictConfig) -> L.Trainer:
     callbacks = build_callbacks(cfg)
     loggers = _instantiate_entries(cfg.get("logger"))
@@ -195,7 +182,6 @@ def build_trainer(cfg: DictConfig) -> L.Trainer:
         strategy=strategy,
         callbacks=callbacks,
         logger=loggers or False,
-        profiler=cfg.trainer.get("profiler") or NoProfiler(),
     )
 
 
@@ -210,18 +196,12 @@ def _float_metrics(trainer: L.Trainer) -> dict[str, float]:
 
 
 def fit(trainer: L.Trainer, model: L.LightningModule, datamodule, ckpt_path=None) -> None:
-    """`trainer.fit` with the ~400k long-lived objects frozen out of the garbage collector's sight
-    (each full collection would scan them, ~0.1 s); a lost process ends the job in one line."""
-    gc.collect()
-    gc.freeze()
-    try:
-        with (
-            checkpoints.stopped_by_sigterm(trainer, "training"),
-            lost_process_ends_the_job(trainer.strategy),
-        ):
-            trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
-    finally:
-        gc.unfreeze()
+    """`trainer.fit`; a lost process ends the job in one line."""
+    with (
+        checkpoints.stopped_by_sigterm(trainer, "training"),
+        lost_process_ends_the_job(trainer.strategy),
+    ):
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
 
 
 def test(trainer: L.Trainer, model: L.LightningModule, datamodule, ckpt_path=None) -> None:

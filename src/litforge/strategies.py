@@ -16,9 +16,13 @@ import lightning.pytorch.strategies
 import torch
 
 from litforge.checkpoints import how_to_resume
+from litforge.console import quiet_lightning
 from litforge.errors import UserError
 
 log = logging.getLogger(__name__)
+# A process DDP spawns (strategy=ddp_spawn) imports this module with the strategy it unpickles,
+# and no other of the pipeline's: Lightning's warnings are quietened there too.
+quiet_lightning()
 # What gloo and NCCL say when a peer is gone; "pair closure": a hung peer (a plain RuntimeError).
 COMMUNICATION_ERRORS = ("gloo", "NCCL", "Connection reset", "Connection closed", "pair closure")
 _FIRST_DEATH = threading.Lock()
