@@ -290,6 +290,8 @@ def test_a_run_resumed_into_a_new_folder_tests_the_best_checkpoint_so_far(tmp_pa
     uninterrupted = train(compose_config("train", tmp_path / "a", overrides))
     best = tmp_path / "a" / "run" / "checkpoints" / "epoch_000.ckpt"
     assert sorted(p.name for p in best.parent.iterdir()) == ["epoch_000.ckpt", "last.ckpt"]
+    # last.ckpt holds the last epoch, not a best one (Lightning's save_last would keep epoch 0's)
+    assert torch.load(best.with_name("last.ckpt"), weights_only=True)["epoch"] == 1
 
     resumed = train(compose_config("train", tmp_path / "b", [*overrides, f"ckpt_path={best}"]))
     assert [p.name for p in (tmp_path / "b" / "run" / "checkpoints").iterdir()] == ["last.ckpt"]
