@@ -833,9 +833,9 @@ def assert_option_builds(tmp_path: Path, overrides: list[str]):
     (None where a GPU-only option is refused on this machine)."""
     import torch
     from hydra.utils import get_class
-    from lightning.pytorch.callbacks import LearningRateMonitor
     from omegaconf import OmegaConf, open_dict
 
+    from litforge.callbacks import LearningRateMonitor
     from litforge.checkpoints import AtomicCheckpointIO
     from litforge.errors import UserError
     from litforge.pipeline import build_datamodule, build_model, build_trainer, start
