@@ -24,8 +24,9 @@ first (warm-up) epoch is not counted. `--extras` adds `model.compile=true` rows.
 
 The fixed cost: `python train.py` for one training batch and one validation batch (default
 callbacks and logger, so checkpoints too; no test stage), start to exit, against
-`handwritten_run.py` (import torch, read the files, one step, save), each run `--fixed-runs`
-times, alternating. (Loading image files: `data_loading.py`.)
+`bare_lightning_run.py` (a Lightning script with the Trainer's defaults: the same batches, logger
+and checkpoint) and `handwritten_run.py` (import torch, read the files, one step, save), each
+run `--fixed-runs` times, alternating. (Loading image files: `data_loading.py`.)
 """
 
 from __future__ import annotations
@@ -248,14 +249,19 @@ def run_seconds(command: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def fixed_costs(runs: int) -> tuple[float, float]:
-    """Median seconds of a minimal run: the plain script's, then `python train.py`'s."""
+def fixed_costs(runs: int) -> dict[str, float]:
+    """Median seconds of a minimal run of each: the plain script, the bare Lightning script and
+    `python train.py`, alternating."""
     data = fashion_mnist_files()
-    script, template = [], []
+    seconds: dict[str, list[float]] = {"script": [], "bare": [], "template": []}
     for _ in range(runs):
-        script.append(run_seconds(["benchmarks/handwritten_run.py", "--steps=1", f"--data={data}"]))
+        for name in ("handwritten_run", "bare_lightning_run"):
+            key = "script" if name == "handwritten_run" else "bare"
+            seconds[key].append(
+                run_seconds([f"benchmarks/{name}.py", "--steps=1", f"--data={data}"])
+            )
         with tempfile.TemporaryDirectory() as run_dir:
-            template.append(
+            seconds["template"].append(
                 run_seconds(
                     [
                         "train.py",
@@ -268,7 +274,7 @@ def fixed_costs(runs: int) -> tuple[float, float]:
                     ]
                 )
             )
-    return statistics.median(script), statistics.median(template)
+    return {key: statistics.median(values) for key, values in seconds.items()}
 
 
 def fashion_mnist_files() -> Path:
@@ -361,12 +367,18 @@ def main() -> None:
                 f"({min(ratios):.3f}-{max(ratios):.3f}) |"
             )
     if args.fixed_runs:
-        script, template = fixed_costs(args.fixed_runs)
+        runs = fixed_costs(args.fixed_runs)
         print(f"\n| a minimal run, start to exit (median of {args.fixed_runs}) | seconds |")
         print("|---|---|")
-        print(f"| hand-written script (`benchmarks/handwritten_run.py`) | {script:.2f} |")
-        print(f"| `python train.py`, one training and one validation batch | {template:.2f} |")
-        print(f"| fixed cost over the hand-written script | {template - script:.2f} |")
+        print(f"| hand-written script (`benchmarks/handwritten_run.py`) | {runs['script']:.2f} |")
+        print(f"| bare Lightning (`benchmarks/bare_lightning_run.py`) | {runs['bare']:.2f} |")
+        print(
+            f"| `python train.py`, one training and one validation batch | {runs['template']:.2f} |"
+        )
+        print(f"| fixed cost over bare Lightning | {runs['template'] - runs['bare']:.2f} |")
+        print(
+            f"| fixed cost over the hand-written script | {runs['template'] - runs['script']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

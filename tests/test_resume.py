@@ -316,6 +316,15 @@ def test_a_checkpoint_of_lightning_before_2_is_refused(tmp_path):
         read(path)
 
 
+def test_lightning_migrates_only_checkpoints_before_2_0():
+    """`read` checks a checkpoint as it is (no migration): true only while Lightning migrates no
+    checkpoint of 2.0 or later. A Lightning that does fails here: check the migrated one then."""
+    from lightning.pytorch.utilities.migration import migration
+    from packaging.version import Version
+
+    assert max(Version(v) for v in migration._migration_index()) <= Version("2.0")
+
+
 def test_a_checkpoint_naming_a_file_through_a_link_deletes_nothing(tmp_path, idx_data_dir, caplog):
     """Resumed in place, a run's checkpoint callback forgets the files its saved state names
     outside its folder once links are followed (a link in the run folder, made by anyone)."""

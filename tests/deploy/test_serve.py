@@ -6,6 +6,7 @@ server stops (SIGTERM, Ctrl+C)."""
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -33,7 +34,13 @@ from helpers import (
 )
 
 from litforge.deploy.inference import InputContract, load_classifier, top_k
-from litforge.deploy.serve import Answers, AnswerWithin, ImageClassifierAPI, serve
+from litforge.deploy.serve import (
+    Answers,
+    AnswerWithin,
+    ImageClassifierAPI,
+    closed_manager_polled,
+    serve,
+)
 from litforge.errors import UserError
 
 LIMIT = 200_000  # server.max_body_bytes of the test server
@@ -352,6 +359,20 @@ def test_sigterm_and_ctrl_c_stop_every_process_of_the_server_within_5_s(tmp_path
     text = output.read_text()
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
     assert "The server has stopped." in text
+
+
+def test_only_litserves_poll_of_its_closed_manager_is_left_unsaid_on_stopping():
+    """LitServe's monitor thread may poll the manager its shutdown has just closed: that
+    BrokenPipeError is not shown; any other error of its monitor, or a poll's other failure, is."""
+
+    def record(message: str, error: BaseException | None) -> logging.LogRecord:
+        exc_info = (type(error), error, None) if error else None
+        return logging.LogRecord("litserve.server", logging.ERROR, "", 0, message, (), exc_info)
+
+    assert not closed_manager_polled(record("Monitoring worker crashed", BrokenPipeError(32)))
+    assert not closed_manager_polled(record("Monitoring worker crashed", EOFError()))
+    assert closed_manager_polled(record("Monitoring worker crashed", KeyError("uid")))
+    assert closed_manager_polled(record("⚠️ Worker w died; shutting down", BrokenPipeError(32)))
 
 
 def test_a_request_given_up_on_leaves_no_answer_behind():

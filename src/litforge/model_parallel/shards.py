@@ -153,9 +153,9 @@ def read_folder(folder: str | Path) -> tuple[Any, dict[str, Any]]:
         raise UserError(f"{where}: its {META} is not readable ({first_line[:200]}).") from err
     if not isinstance(meta, dict):
         raise UserError(f"{where}: its {META} is no Lightning checkpoint's metadata.")
-    migrated = checkpoints.as_lightning_reads_it(meta, where)
-    checkpoints.check_callback_paths(migrated, where)
-    checkpoints.check_data(migrated, where)
+    checkpoints.check_version(meta, where)
+    checkpoints.check_callback_paths(meta, where)
+    checkpoints.check_data(meta, where)
     return metadata, meta
 
 
