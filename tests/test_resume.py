@@ -26,7 +26,7 @@ from helpers import (
     write_image_folder,
 )
 
-from litforge.checkpoints import AtomicCheckpointIO, read
+from litforge.checkpoints import read
 from litforge.errors import UserError
 from litforge.pipeline import train
 
@@ -243,14 +243,6 @@ def test_resuming_a_finished_run_with_more_epochs_goes_on_at_a_learning_rate_abo
     assert "the new schedule goes on from step 1, learning rate 0.00075" in output
     rates = [float(row["lr-AdamW"]) for row in csv_rows(run) if "lr-AdamW" in row]
     assert rates == pytest.approx([0.001, 0.00075, 0.00025])  # cos over 3 epochs, not 0
-
-
-def test_a_folder_of_shards_is_left_to_the_strategy_that_wrote_it(tmp_path):
-    folder = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    folder.mkdir(parents=True)
-    (folder / ".metadata").write_bytes(b"")
-    with pytest.raises(UserError, match="is a folder of shards: the strategy that wrote it"):
-        AtomicCheckpointIO().load_checkpoint(folder)
 
 
 @pytest.mark.parametrize("dirpath", ["kept", "left out"])

@@ -329,7 +329,7 @@ def _not_a_file(path: Path) -> str:
         near = sorted(p.name for p in path.parent.glob("*.ckpt")) if path.parent.is_dir() else []
         there = f" {path.parent} holds: {', '.join(near[:4])}." if near else ""
         return f"ckpt_path={path}: no such file.{there}"
-    if (path / ".metadata").is_file():
+    if (path / ".metadata").is_file():  # feature: model_parallel
         return (
             f"ckpt_path={path} is a folder of shards: the strategy that wrote it reads it "
             f"(strategy=<that one> train=false tests it)."

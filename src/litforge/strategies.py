@@ -177,26 +177,11 @@ class DDPStrategy(ReportsLostProcesses, lightning.pytorch.strategies.DDPStrategy
     it silently otherwise; torch runs these hooks on gloo too: registered here once the model is
     wrapped (`configure_ddp`), with torch's `DistributedDataParallel.register_comm_hook`."""
 
-    def __init__(
-        self,
-        *args,
-        ddp_comm_state: object | None = None,
-        ddp_comm_hook=None,
-        ddp_comm_wrapper=None,
-        **kwargs,
-    ) -> None:
-        super().__init__(
-            *args,
-            ddp_comm_state=ddp_comm_state,
-            ddp_comm_hook=ddp_comm_hook,
-            ddp_comm_wrapper=ddp_comm_wrapper,
-            **kwargs,
-        )
-        self.comm_state, self.comm_hook, self.comm_wrapper = (
-            ddp_comm_state,
-            ddp_comm_hook,
-            ddp_comm_wrapper,
-        )
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.comm_state = kwargs.get("ddp_comm_state")
+        self.comm_hook = kwargs.get("ddp_comm_hook")
+        self.comm_wrapper = kwargs.get("ddp_comm_wrapper")
 
     def configure_ddp(self) -> None:
         super().configure_ddp()  # on CUDA, Lightning registers the hook (wrappers included)

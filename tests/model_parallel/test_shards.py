@@ -143,3 +143,11 @@ def test_resuming_checks_the_folders_meta_as_the_core_checks_a_file(
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: ckpt_path={folder}") and message in last, last
+
+
+def test_eval_and_loaders_given_a_folder_of_shards_name_the_strategy_that_reads_it(tmp_path):
+    folder = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    folder.mkdir(parents=True)
+    (folder / ".metadata").write_bytes(b"")
+    with pytest.raises(UserError, match="is a folder of shards: the strategy that wrote it"):
+        checkpoints.read(folder)
