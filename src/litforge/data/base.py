@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 MIXES = ("mixup", "cutmix", "both")
 
 
+class DatasetNotFoundError(UserError):
+    """A built-in dataset's files are not where torchvision reads them (nor downloaded)."""
+
+
 def check_choice(key: str, value: object, choices: Sequence[str]) -> None:
     if value is not None and value not in choices:
         raise UserError(f"data.{key}={value} is not one of: {', '.join(choices)}, null.")
@@ -294,7 +298,7 @@ class InMemoryImageDataModule(DataModule):
                     shutil.rmtree(path) if path.is_dir() else path.unlink()
                 if before is None and not any(root.iterdir()):
                     root.rmdir()
-            raise UserError(self.not_read(folder, err, download)) from None
+            raise self.not_read(folder, err, download) from None
         images = torch.as_tensor(dataset.data)
         images = images.unsqueeze(1) if images.ndim == 3 else images.permute(0, 3, 1, 2)
         labels = torch.as_tensor(dataset.targets, dtype=torch.long)
@@ -311,19 +315,19 @@ class InMemoryImageDataModule(DataModule):
             )
         return images.contiguous(), labels
 
-    def not_read(self, folder: Path, err: Exception, download: bool) -> str:
+    def not_read(self, folder: Path, err: Exception, download: bool) -> UserError:
         """The one line saying why `dataset` found nothing, or nothing it could read."""
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         lines = lines or [type(err).__name__]  # the first line, and the last: a download's cause
         reason = " ".join(dict.fromkeys([lines[0][:200], lines[-1][:200]])).rstrip(".")
         reader = f"torchvision.datasets.{self.dataset.__name__}"
         if not download and "not found" not in reason.lower():
-            return (
+            return UserError(
                 f"{folder} holds files {reader} cannot read ({reason}): replace them with the "
                 f"dataset's own, or delete {folder} and set data.download=true."
             )
         why = f"its download failed: {reason}" if download else f"{reader}: {reason}"
-        return (
+        return DatasetNotFoundError(
             f"{self.name} not found in {folder} ({why}). Put its files there, or set "
             f"data.root=<a folder holding {self.folder}/>{self.elsewhere()}, or set "
             f"data.download=true on a machine with internet."
@@ -336,8 +340,13 @@ class InMemoryImageDataModule(DataModule):
     def prepare_data(self) -> None:
         # Lightning calls this on one process per node: the only place that downloads or writes.
         self.place_files()
-        if self.hparams.download:  # (what is read here is kept for this process's setup)
-            self.read_in_prepare = {train: self.read(train, True) for train in (True, False)}
+        for train in (True, False):  # (what is read here is kept for this process's setup)
+            try:
+                self.read_in_prepare[train] = self.read(train)
+            except DatasetNotFoundError:
+                if not self.hparams.download:
+                    raise
+                self.read_in_prepare[train] = self.read(train, download=True)
 
     def setup(self, stage: str | None = None) -> None:
         fit = stage in ("fit", "validate", None) and "train" not in self.splits
@@ -364,6 +373,7 @@ class InMemoryImageDataModule(DataModule):
                 train, val = order[n_val:], order[:n_val]
             self.splits["val"] = (images[val], labels[val])
             self.splits["train"] = (images[train], labels[train])
+        self.read_in_prepare = {}  # (a split this stage does not use is not kept)
 
     def loader(self, split: str, train: bool) -> DataLoader:
         images, labels = self.splits[split]
