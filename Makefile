@@ -19,14 +19,13 @@ install: .installed  ## the locked dev environment: scripts/install.sh (again wh
 lock:  ## refresh requirements/*.txt from pyproject.toml with uv (ARGS=--upgrade: newest allowed)
 	$(PYTHON) scripts/lock.py $(ARGS)
 
-data: .installed  ## find or download DATASET (default fashion_mnist); offline: Debian's package
-	$(PYTHON) -m litforge.data fetch $(DATASET) --apt
+data: .installed  ## fetch DATASET (default fashion_mnist) into ./data; offline: Debian's package
+	$(PYTHON) -m litforge.data_tools fetch $(DATASET) --apt
 
-train: data  ## python train.py $(ARGS), e.g. make train ARGS="model.optimizer.lr=0.01"
+train: .installed  ## python train.py $(ARGS), e.g. make train ARGS="model.optimizer.lr=0.01"
 	$(PYTHON) train.py $(ARGS)
 
 test: .installed  ## the whole test suite (real-data tests skip, saying why, without the data)
-	-@$(PYTHON) -m litforge.data fetch fashion_mnist --apt || echo "(tests that need Fashion-MNIST will be skipped)"
 	$(PYTHON) -m pytest
 
 test-fast: .installed  ## the tests not marked slow
@@ -38,25 +37,25 @@ test-gpu: .installed  ## the tests marked gpu, in one process (each skips, sayin
 lint: .installed  ## ruff and file hygiene through pre-commit
 	pre-commit run --all-files
 
-bench: data  ## s/epoch on 3 workloads and the fixed cost: the template against plain PyTorch
+bench: .installed  ## s/epoch on 3 workloads and the fixed cost: the template against plain PyTorch
 	$(PYTHON) benchmarks/epoch_time.py
 
-bench-gpu: data  ## on a GPU (else a short CPU run): s/epoch, host syncs, a whole run (benchmarks/gpu.py)
+bench-gpu: .installed  ## on a GPU (else a short CPU run): s/epoch, host syncs, a whole run (benchmarks/gpu.py)
 	$(PYTHON) benchmarks/gpu.py $(ARGS)
 
-bench-data: data  ## images per second from image files to batches: torchvision vs the datamodules
+bench-data: .installed  ## images per second from image files to batches: torchvision vs the datamodules
 	$(PYTHON) benchmarks/data_loading.py
 
-bench-inference: data  ## CPU latency/throughput: eager, compiled, pt2, onnxruntime; serve.py req/s
+bench-inference: .installed  ## CPU latency/throughput: eager, compiled, pt2, onnxruntime; serve.py req/s
 	$(PYTHON) benchmarks/inference.py
 
-bench-pipeline: data  ## ms per training step against pipeline stages and microbatches
+bench-pipeline: .installed  ## ms per training step against pipeline stages and microbatches
 	$(PYTHON) benchmarks/pipeline.py
 
-bench-ps: data  ## samples/s of DDP and parameter servers (sync, async) with and without a straggler
+bench-ps: .installed  ## samples/s of DDP and parameter servers (sync, async) with and without a straggler
 	$(PYTHON) benchmarks/parameter_server.py
 
-bench-recovery: data  ## torchrun: seconds from a killed or hung worker to the resumed job's first step
+bench-recovery: .installed  ## torchrun: seconds from a killed or hung worker to the resumed job's first step
 	$(PYTHON) benchmarks/recovery.py
 
 lean:  ## a copy without the features not kept: make lean DEST=../myproject [KEEP="lean sweeps"]

@@ -49,12 +49,14 @@ class Classifier(L.LightningModule):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, required=True, help="folder of the *.gz IDX files")
+    parser.add_argument(
+        "--data", type=Path, required=True, help="folder of the IDX files (or gzipped)"
+    )
     parser.add_argument("--steps", type=int, default=1)
     args = parser.parse_args()
 
-    images = read_idx(args.data / "train-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28)
-    labels = torch.from_numpy(read_idx(args.data / "train-labels-idx1-ubyte.gz", 8).astype("int64"))
+    images = read_idx(args.data / "train-images-idx3-ubyte", 16).reshape(-1, 1, 28, 28)
+    labels = torch.from_numpy(read_idx(args.data / "train-labels-idx1-ubyte", 8).astype("int64"))
     x = (torch.from_numpy(images.copy()).float() / 255 - 0.286) / 0.353
     train = DataLoader(TensorDataset(x[:55_000], labels[:55_000]), batch_size=256, shuffle=True)
     val = DataLoader(TensorDataset(x[55_000:], labels[55_000:]), batch_size=256)

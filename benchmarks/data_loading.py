@@ -9,8 +9,8 @@
 
 Each loads the training split of two workloads, with no worker process and with `--workers`:
 
-- Fashion-MNIST written out by `python -m litforge.data export-images` (60,000 grayscale 28×28
-  PNGs), loaded at 28×28;
+- Fashion-MNIST's training images written out as PNG files (60,000 grayscale 28×28), loaded at
+  28×28;
 - `--jpegs` color 224×224 JPEGs (quality 90) that the benchmark writes, loaded at 224×224.
 
 A pass is one epoch over the training images into batches of 256, normalized (for (b) and (c) by
@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 BATCH = 256
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_jpegs(root: Path, n: int, size: int = 224, classes: int = 10) -> Path:
@@ -66,16 +67,28 @@ def write_jpegs(root: Path, n: int, size: int = 224, classes: int = 10) -> Path:
     return root
 
 
-def run(command: list[str], module: str = "litforge.data") -> None:
+def run(command: list[str], module: str) -> None:
     result = subprocess.run([sys.executable, "-m", module, *command])
     if result.returncode != 0:
         sys.exit(result.returncode)
 
 
 def fashion_mnist_folder(data_dir: Path) -> Path:
+    """Fashion-MNIST's training images as `<folder>/train/<class>/<n>.png` (made once)."""
+    from PIL import Image
+
+    from litforge.data.fashion_mnist import FashionMNISTDataModule
+
     folder = data_dir / "fashion_mnist_images"
-    if not folder.is_dir():
-        run(["export-images", "fashion_mnist", str(folder)])
+    if not (folder / "train").is_dir():
+        datamodule = FashionMNISTDataModule(root=str(ROOT / "data"))
+        datamodule.prepare_data()
+        images, labels = datamodule.read(train=True)
+        partial = folder.with_name(f"{folder.name}.partial")
+        for i, (image, label) in enumerate(zip(images, labels.tolist(), strict=True)):
+            (partial / "train" / f"c{label}").mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image[0].numpy()).save(partial / "train" / f"c{label}" / f"{i}.png")
+        partial.rename(folder)
     return folder
 
 

@@ -278,9 +278,11 @@ def fixed_costs(runs: int) -> dict[str, float]:
 
 
 def fashion_mnist_files() -> Path:
+    """The folder of Fashion-MNIST's IDX files, where torchvision reads them."""
     with tempfile.TemporaryDirectory() as output_dir:
         datamodule = build_datamodule(config("mlp", 1, output_dir, []))
-    return datamodule.locate()
+    datamodule.prepare_data()
+    return datamodule.root / datamodule.folder
 
 
 def main() -> None:

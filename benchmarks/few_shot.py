@@ -24,19 +24,10 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from litforge.data.fashion_mnist import FASHION_MNIST, FashionMNISTDataModule
-from litforge.data.idx import read_idx
-from litforge.data.sources import locate
+from litforge.data.fashion_mnist import FashionMNISTDataModule
 
 ROOT = Path(__file__).resolve().parents[1]
 MEAN, STD = FashionMNISTDataModule.mean[0], FashionMNISTDataModule.std[0]
-
-
-def load(directory: Path, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """uint8 images N×1×28×28 and int64 labels of one Fashion-MNIST split."""
-    names = FashionMNISTDataModule.split_files[train]
-    images, labels = (read_idx(next(directory.glob(f"{name}*"))) for name in names)
-    return images.unsqueeze(1), labels.long()
 
 
 def pretrain(model: str, images, labels, epochs: int, path: Path, seed: int) -> None:
@@ -109,9 +100,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--work-dir", help="keep the weights, folder and runs here")
     args = parser.parse_args(argv)
 
-    directory = locate(FASHION_MNIST, ROOT / "data", allow_download=False)
-    train_images, train_labels = load(directory, train=True)
-    test_images, test_labels = load(directory, train=False)
+    fashion_mnist = FashionMNISTDataModule(root=str(ROOT / "data"))
+    fashion_mnist.prepare_data()
+    train_images, train_labels = fashion_mnist.read(train=True)
+    test_images, test_labels = fashion_mnist.read(train=False)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work_dir or tmp)
         work.mkdir(parents=True, exist_ok=True)

@@ -16,17 +16,21 @@ from torch import nn
 
 
 def read_idx(path: Path, offset: int) -> np.ndarray:
-    return np.frombuffer(gzip.open(path).read(), np.uint8, offset=offset)
+    """An IDX file's array, from the file or its gzipped copy (`path`.gz)."""
+    data = path.read_bytes() if path.is_file() else gzip.decompress(Path(f"{path}.gz").read_bytes())
+    return np.frombuffer(data, np.uint8, offset=offset)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, required=True, help="folder of the *.gz IDX files")
+    parser.add_argument(
+        "--data", type=Path, required=True, help="folder of the IDX files (or gzipped)"
+    )
     parser.add_argument("--steps", type=int, default=1)
     args = parser.parse_args()
 
-    images = read_idx(args.data / "train-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28)
-    labels = read_idx(args.data / "train-labels-idx1-ubyte.gz", 8).astype(np.int64)
+    images = read_idx(args.data / "train-images-idx3-ubyte", 16).reshape(-1, 1, 28, 28)
+    labels = read_idx(args.data / "train-labels-idx1-ubyte", 8).astype(np.int64)
     labels = torch.from_numpy(labels)
     x = (torch.from_numpy(images.copy()).float() / 255 - 0.286) / 0.353
     torch.manual_seed(0)

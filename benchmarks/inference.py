@@ -73,9 +73,9 @@ def export(ckpt: Path, file_format: str, out: Path) -> Path:
 def test_images() -> torch.Tensor:
     from litforge.data.fashion_mnist import FashionMNISTDataModule
 
-    datamodule = FashionMNISTDataModule()
-    images, _ = datamodule.load_split(datamodule.locate(), train=False)
-    return images
+    datamodule = FashionMNISTDataModule(root=str(ROOT / "data"))
+    datamodule.prepare_data()
+    return datamodule.read(train=False)[0]
 
 
 def latency_ms(call, images: torch.Tensor, requests: int) -> tuple[float, float]:

@@ -5,9 +5,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import NO_FASHION_MNIST, fashion_mnist_dir, run_in_process, write_idx_dataset
+from helpers import (
+    NO_FASHION_MNIST,
+    export_images,
+    fashion_mnist_dir,
+    write_idx_dataset,
+)
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+
+from litforge.data.fashion_mnist import FashionMNISTDataModule
 
 
 @pytest.fixture(autouse=True)
@@ -29,16 +36,17 @@ def _same_torch_threads():
 
 @pytest.fixture
 def idx_data_dir(tmp_path: Path) -> Path:
-    """A data dir holding small MNIST-format files as `mnist/` and `fashion_mnist/`."""
+    """A data root holding small MNIST-format files where torchvision reads MNIST and
+    Fashion-MNIST (`MNIST/raw/`, `FashionMNIST/raw/`)."""
     data_dir = tmp_path / "data"
-    write_idx_dataset(data_dir / "mnist", gz=True)
-    write_idx_dataset(data_dir / "fashion_mnist", gz=False)
+    write_idx_dataset(data_dir / "MNIST" / "raw")
+    write_idx_dataset(data_dir / "FashionMNIST" / "raw")
     return data_dir
 
 
 @pytest.fixture(scope="session")
 def fashion_mnist_folder(tmp_path_factory) -> Path:
-    """The real Fashion-MNIST written out as an image folder by `export-images` (~30 s), or a
+    """The real Fashion-MNIST written out as an image folder (`helpers.export_images`, ~30 s), or a
     skip when the dataset is not installed. Once per session: the test workers share it (the
     first to need it writes it, under a lock the others wait on)."""
     if fashion_mnist_dir() is None:
@@ -52,9 +60,7 @@ def fashion_mnist_folder(tmp_path_factory) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not done.exists():
             shutil.rmtree(folder, ignore_errors=True)  # an interrupted earlier attempt
-            command = ["-m", "litforge.data", "export-images", "fashion_mnist", str(folder)]
-            result = run_in_process(*command)
-            assert result.returncode == 0, result.stderr[-3000:]
+            export_images(FashionMNISTDataModule(root=str(fashion_mnist_dir())), folder)
             done.touch()
     return folder
 

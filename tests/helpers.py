@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 import signal as signal_module
 import struct
@@ -14,10 +15,13 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
+import torchvision
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.core.saving import CHECKPOINT_PAST_HPARAMS_KEYS
 from omegaconf import DictConfig, open_dict
+
+from litforge.data.cifar10 import CIFAR10DataModule
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -232,8 +236,31 @@ def go_offline(monkeypatch) -> None:
         monkeypatch.setattr(owner, name, replacement)
 
 
+class WrittenCIFAR10(torchvision.datasets.CIFAR10):
+    """torchvision's CIFAR10 whose checksum tables hold the MD5 sums of the files `write_cifar10`
+    wrote (its own hold the originals'): the reading is torchvision's, unchanged."""
+
+    def __init__(self, root: str, *args, **kwargs) -> None:
+        def md5(name: str) -> str:
+            path = Path(root) / self.base_folder / name
+            return hashlib.md5(path.read_bytes()).hexdigest() if path.is_file() else ""
+
+        self.train_list = [[name, md5(name)] for name, _ in self.train_list]
+        self.test_list = [[name, md5(name)] for name, _ in self.test_list]
+        self.meta = {**self.meta, "md5": md5(self.meta["filename"])}
+        super().__init__(root, *args, **kwargs)
+
+
+class WrittenCIFAR10DataModule(CIFAR10DataModule):
+    """`data=cifar10 data._target_=helpers.WrittenCIFAR10DataModule`: the files `write_cifar10`
+    wrote, in a subprocess too (`PYTHONPATH=tests`)."""
+
+    dataset = WrittenCIFAR10
+
+
 def write_cifar10(directory: Path, per_batch: int = 40, n_test: int = 40) -> Path:
-    """A small `cifar-10-batches-py` folder: five training batches, `test_batch` and
+    """A small `cifar-10-batches-py` folder in the data root `directory` (read by
+    `WrittenCIFAR10`): five training batches, `test_batch` and
     `batches.meta`, pickled dicts of a uint8 N×3072 array (1024 red, 1024 green, 1024 blue values
     per image) and a list of labels, as the original files hold them."""
     import pickle
@@ -538,19 +565,42 @@ class RecordSamples(L.Callback):
 
 
 def fashion_mnist_dir() -> Path | None:
-    """Where the real Fashion-MNIST files are (./data or Debian's package), or None."""
-    from litforge.data.fashion_mnist import FASHION_MNIST
-    from litforge.data.sources import DatasetNotFoundError, locate
+    """The data root of the real Fashion-MNIST (./data): its files there, or Debian's package to
+    unpack there (apt-get install dataset-fashion-mnist); None without either."""
+    from litforge.data.fashion_mnist import DEBIAN_DIR
+    from litforge.data.fashion_mnist import FashionMNISTDataModule as FashionMNIST
 
-    try:
-        return locate(FASHION_MNIST, ROOT / "data", allow_download=False)
-    except DatasetNotFoundError:
-        return None
+    raw = ROOT / "data" / FashionMNIST.folder
+    debian = Path(DEBIAN_DIR)
+    files = [name for name, _ in FashionMNIST.dataset.resources]
+    if all(
+        (raw / name.removesuffix(".gz")).is_file() or (debian / name).is_file() for name in files
+    ):
+        return ROOT / "data"
+    return None
 
 
 NO_FASHION_MNIST = (
-    "Fashion-MNIST not found: run `make data` (or apt-get install -y dataset-fashion-mnist)"
+    "Fashion-MNIST not found in ./data/FashionMNIST/raw: apt-get install -y dataset-fashion-mnist"
 )
+
+
+def export_images(datamodule: CIFAR10DataModule, folder: Path) -> Path:
+    """A built-in dataset as an image folder, `folder/<split>/<class>/<n>.png`, written whole
+    (through `<folder>.partial`): the photos a user's own folder holds."""
+    from PIL import Image
+
+    datamodule.place_files()
+    partial = folder.with_name(f"{folder.name}.partial")
+    for split in ("train", "test"):
+        images, labels = datamodule.read(train=split == "train")
+        for i, (image, label) in enumerate(zip(images, labels.tolist(), strict=True)):
+            name = datamodule.class_names[label].replace("/", "_")
+            path = partial / split / name / f"{i:05d}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image.permute(1, 2, 0).squeeze(2).numpy()).save(path)
+    partial.rename(folder)
+    return folder
 
 
 class RecordConfusion(L.Callback):
@@ -620,12 +670,13 @@ class RecordTestProbabilities(L.Callback):
 
 
 def predicted_accuracy(model_file: Path, mnist_dir: Path) -> float:
-    """The accuracy on the MNIST-format test files in `mnist_dir` of the model in `model_file`,
-    loaded as predict.py, export.py and serve.py load it (`litforge.deploy.inference`)."""
+    """The accuracy on the MNIST test files under the data root `mnist_dir` of the model in
+    `model_file`, loaded as predict.py, export.py and serve.py load it
+    (`litforge.deploy.inference`)."""
     from litforge.data.mnist import MNISTDataModule
     from litforge.deploy.inference import load_classifier
 
-    images, labels = MNISTDataModule().load_split(Path(mnist_dir), train=False)
+    images, labels = MNISTDataModule(root=str(mnist_dir), download=False).read(train=False)
     logits = load_classifier(model_file).logits(images)
     return (logits.argmax(dim=1) == labels).float().mean().item()
 

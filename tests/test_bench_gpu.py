@@ -7,7 +7,7 @@ from helpers import ROOT, run_script, write_idx_dataset
 
 @pytest.mark.slow  # ~1 min: every setup of every part, and a train.py subprocess
 def test_quick_cpu_run_prints_every_table(tmp_path):
-    write_idx_dataset(tmp_path / "data" / "fashion_mnist", gz=True)
+    write_idx_dataset(tmp_path / "data" / "FashionMNIST" / "raw")
     result = run_script(
         "benchmarks/gpu.py",
         "--device=cpu",

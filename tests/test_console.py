@@ -24,7 +24,7 @@ def console_run(tmp_path_factory):
     """A 2-epoch run as a user starts it (its own interpreter: Lightning puts its console
     handler on the stderr the process starts with); its output and its run folder."""
     tmp = tmp_path_factory.mktemp("console")
-    write_idx_dataset(tmp / "data" / "mnist")
+    write_idx_dataset(tmp / "data" / "MNIST" / "raw")
     run_dir = tmp / "run"
     result = run_script(
         "train.py",
@@ -121,10 +121,9 @@ def test_a_data_mistake_leaves_no_run_folder(tmp_path, monkeypatch):
         "train.py",
         "data=mnist",
         f"paths.data_dir={tmp_path / 'data'}",
-        f"data.system_dir={tmp_path / 'sys'}",
         f"hydra.run.dir={run_dir}",
     )
-    assert result.returncode == 1 and "error: dataset 'mnist' not found" in result.stderr
+    assert result.returncode == 1 and "error: mnist not found" in result.stderr
     assert not run_dir.exists()
 
 

@@ -51,8 +51,10 @@ def one_epoch_run(tmp_path_factory):
     Shared: the tests below read the checkpoint and write edited copies elsewhere."""
     tmp = tmp_path_factory.mktemp("one_epoch")
     data_dir = tmp / "data"
-    write_idx_dataset(data_dir / "mnist", gz=True)
-    write_idx_dataset(data_dir / "fashion_mnist")  # for the test of another dataset's checkpoint
+    write_idx_dataset(data_dir / "MNIST" / "raw")
+    write_idx_dataset(
+        data_dir / "FashionMNIST" / "raw"
+    )  # for the test of another dataset's checkpoint
     overrides = ["data=mnist", "data.val_size=100", "trainer.max_epochs=1", "logger=none"]
     train(compose_config("train", tmp, [*overrides, f"paths.data_dir={data_dir}"]))
     return tmp / "run" / "checkpoints" / "last.ckpt", data_dir

@@ -696,7 +696,9 @@ def test_the_core_copy_keeps_its_import_contracts(core):
 @pytest.mark.slow
 def test_the_core_copy_trains(core, tmp_path):
     """`python train.py` in the copy, on the copy's own src/ (not the installed package)."""
-    data_dir = write_idx_dataset(tmp_path / "data" / "mnist", n_train=200, n_test=50).parent
+    data_dir = write_idx_dataset(
+        tmp_path / "data" / "MNIST" / "raw", n_train=200, n_test=50
+    ).parents[1]
     run = run_script(
         "train.py",
         *tiny_run_args(data_dir, tmp_path / "run"),

@@ -42,7 +42,9 @@ def test_renamed_copy_trains_under_the_new_name(tmp_path):
     ]
     assert leftovers == []
 
-    data_dir = write_idx_dataset(tmp_path / "data" / "mnist", n_train=200, n_test=50).parent
+    data_dir = write_idx_dataset(
+        tmp_path / "data" / "MNIST" / "raw", n_train=200, n_test=50
+    ).parents[1]
     run = run_script(
         "train.py",
         "debug=fdr",

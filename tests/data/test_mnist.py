@@ -1,21 +1,21 @@
-"""`data=mnist`: the datamodule on MNIST-format files the test writes."""
+"""`data=mnist`: torchvision's MNIST, in memory, on MNIST-format files the test writes where
+torchvision reads them (`<root>/MNIST/raw/`)."""
 
 import pytest
 import torch
 from helpers import compose_config, write_idx_dataset
 
 from litforge.data.base import model_arguments
-from litforge.data.idx import IDXFormatError
 from litforge.data.mnist import MNISTDataModule
 from litforge.errors import UserError
 
 
 def make(tmp_path, **kwargs):
-    return MNISTDataModule(data_dir=str(tmp_path), system_dir=None, download=False, **kwargs)
+    return MNISTDataModule(root=str(tmp_path), download=False, **kwargs)
 
 
 def test_splits_shapes_and_normalization(tmp_path):
-    write_idx_dataset(tmp_path / "mnist", n_train=300, n_test=50, gz=True)
+    write_idx_dataset(tmp_path / "MNIST" / "raw", n_train=300, n_test=50)
     dm = make(tmp_path, batch_size=64, val_size=60)
     dm.prepare_data()
     dm.setup()
@@ -33,7 +33,7 @@ def test_splits_shapes_and_normalization(tmp_path):
 
 
 def test_validation_split_is_seeded_and_disjoint(tmp_path):
-    write_idx_dataset(tmp_path / "mnist", n_train=200, n_test=20)
+    write_idx_dataset(tmp_path / "MNIST" / "raw", n_train=200, n_test=20)
 
     def split(seed):
         dm = make(tmp_path, val_size=50, split_seed=seed)
@@ -56,8 +56,8 @@ def test_the_epochs_are_ordered_by_the_configs_seed_not_the_environment(tmp_path
     from litforge.pipeline import build_datamodule
 
     monkeypatch.setenv("PL_GLOBAL_SEED", "7")
-    write_idx_dataset(tmp_path / "mnist", n_train=100, n_test=20)
-    data = [f"data.data_dir={tmp_path}", "data.system_dir=null", "data.download=false"]
+    write_idx_dataset(tmp_path / "MNIST" / "raw", n_train=100, n_test=20)
+    data = [f"data.root={tmp_path}", "data.download=false"]
     cfg = compose_config("train", tmp_path, ["data=mnist", *data, "data.val_size=20", "seed=3"])
     assert cfg.data.seed == 3
     datamodule = build_datamodule(cfg)
@@ -78,30 +78,29 @@ def test_the_epochs_are_ordered_by_the_configs_seed_not_the_environment(tmp_path
 
 
 def test_val_size_larger_than_the_files_is_a_clear_error(tmp_path):
-    write_idx_dataset(tmp_path / "mnist", n_train=100, n_test=20)
+    write_idx_dataset(tmp_path / "MNIST" / "raw", n_train=100, n_test=20)
     with pytest.raises(Exception, match=r"val_size=100 leaves no training data"):
         make(tmp_path, val_size=100).setup()
 
 
 def test_images_and_labels_of_different_counts_are_refused(tmp_path):
-    write_idx_dataset(tmp_path / "mnist", n_train=100, n_test=20)
+    write_idx_dataset(tmp_path / "MNIST" / "raw", n_train=100, n_test=20)
     write_idx_dataset(tmp_path / "other", n_train=90, n_test=20)
     labels = "train-labels-idx1-ubyte"
-    (tmp_path / "mnist" / labels).write_bytes((tmp_path / "other" / labels).read_bytes())
-    with pytest.raises(IDXFormatError, match=r"has 90 labels for 100 images .* do not belong"):
+    (tmp_path / "MNIST" / "raw" / labels).write_bytes((tmp_path / "other" / labels).read_bytes())
+    with pytest.raises(UserError, match=r"raw holds 90 labels for 100 images of \(1, 28, 28\)"):
         make(tmp_path, val_size=10).setup()
 
 
 def test_the_run_logs_which_folder_its_data_came_from(tmp_path, caplog):
-    write_idx_dataset(tmp_path / "mine", n_train=100, n_test=20)  # the files themselves
-    dm = MNISTDataModule(data_dir=str(tmp_path / "mine"), download=False, val_size=10)
+    write_idx_dataset(tmp_path / "MNIST" / "raw", n_train=100, n_test=20)
     with caplog.at_level("INFO"):
-        dm.setup()
-    assert f"Data: mnist from {tmp_path / 'mine'}" in caplog.text
+        make(tmp_path, val_size=10).setup()
+    assert f"Data: mnist from {tmp_path / 'MNIST' / 'raw'}" in caplog.text
 
 
 def test_k_folds_partition_the_training_split_stratified_and_leave_test_alone(tmp_path):
-    write_idx_dataset(tmp_path / "mnist", n_train=200, n_test=20)
+    write_idx_dataset(tmp_path / "MNIST" / "raw", n_train=200, n_test=20)
     folds = []
     for fold in range(4):
         dm = make(tmp_path, num_folds=4, fold=fold)
@@ -135,10 +134,51 @@ def test_trainer_predict_gives_logits_for_every_test_image(tmp_path):
 
     from litforge.pipeline import build_model
 
-    write_idx_dataset(tmp_path / "mnist", n_train=100, n_test=30)
-    data = [f"data.data_dir={tmp_path}", "data.system_dir=null", "data.download=false"]
+    write_idx_dataset(tmp_path / "MNIST" / "raw", n_train=100, n_test=30)
+    data = [f"data.root={tmp_path}", "data.download=false"]
     cfg = compose_config("train", tmp_path, ["data=mnist", *data, "data.batch_size=8"])
     dm = make(tmp_path, batch_size=8)
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
     logits = trainer.predict(build_model(cfg, dm), datamodule=dm)
     assert torch.cat(logits).shape == (30, 10)
+
+
+def test_missing_files_are_one_line_naming_the_folder_and_the_fixes(tmp_path):
+    with pytest.raises(UserError) as refused:
+        make(tmp_path / "empty").setup()
+    line = str(refused.value)
+    assert "\n" not in line
+    raw = tmp_path / "empty" / "MNIST" / "raw"
+    assert f"mnist not found in {raw} (torchvision.datasets.MNIST: Dataset not found" in line
+    assert "or set data.root=<a folder holding MNIST/raw/>" in line
+    assert not (tmp_path / "empty").exists()  # nothing made
+
+
+@pytest.mark.parametrize("damage", ["truncated", "no IDX file"])
+def test_damaged_files_are_one_line_saying_what_to_do(tmp_path, damage):
+    raw = write_idx_dataset(tmp_path / "MNIST" / "raw", n_train=100, n_test=20)
+    images = raw / "train-images-idx3-ubyte"
+    data = images.read_bytes()
+    images.write_bytes(data[:-100] if damage == "truncated" else b"<html>" + data[6:])
+    with pytest.raises(UserError, match=r"raw holds files torchvision.datasets.MNIST cannot read"):
+        make(tmp_path, val_size=10).setup()
+
+
+def test_labels_outside_the_classes_are_refused(tmp_path):
+    import numpy as np
+    from helpers import write_idx
+
+    raw = write_idx_dataset(tmp_path / "MNIST" / "raw", n_train=100, n_test=20)
+    write_idx(raw / "t10k-labels-idx1-ubyte", np.full(20, 12, dtype=np.uint8))
+    with pytest.raises(UserError, match="holds labels outside 0-9: replace the files"):
+        make(tmp_path).setup("test")
+
+
+def test_a_failed_download_leaves_nothing_behind(tmp_path, monkeypatch):
+    from helpers import go_offline
+
+    go_offline(monkeypatch)
+    dm = MNISTDataModule(root=str(tmp_path / "data"), download=True)
+    with pytest.raises(UserError, match=r"mnist not found in .* \(its download failed: "):
+        dm.prepare_data()
+    assert not (tmp_path / "data").exists()

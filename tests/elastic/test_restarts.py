@@ -33,7 +33,7 @@ from litforge.elastic.restarts import Restarts
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory) -> Path:
     data = tmp_path_factory.mktemp("data")
-    write_idx_dataset(data / "mnist", gz=True)
+    write_idx_dataset(data / "MNIST" / "raw")
     return data
 
 

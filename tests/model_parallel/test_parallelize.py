@@ -225,11 +225,12 @@ def test_every_network_trains_in_every_readme_shape(tmp_path, network, shape):
     from helpers import write_cifar10
 
     data_dir = tmp_path / "data"
-    write_cifar10(data_dir / "cifar10", per_batch=40, n_test=40)
+    write_cifar10(data_dir, per_batch=40, n_test=40)
     run_dir = tmp_path / "run"
     train(
         f"model={network}",
         "data=cifar10",
+        "data._target_=helpers.WrittenCIFAR10DataModule",
         f"paths.data_dir={data_dir}",
         "data.val_size=40",
         "data.batch_size=8",

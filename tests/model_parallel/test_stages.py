@@ -74,7 +74,7 @@ def data(tmp_path_factory):
     from helpers import write_idx_dataset
 
     root = tmp_path_factory.mktemp("pipeline")
-    write_idx_dataset(root / "data" / "mnist", n_train=600, n_test=200)
+    write_idx_dataset(root / "data" / "MNIST" / "raw", n_train=600, n_test=200)
     return root
 
 

@@ -34,7 +34,9 @@ def test_compile_flag_is_not_part_of_the_checkpoint():
 
 @pytest.mark.slow
 def test_compiled_run_checkpoint_loads_into_eager_eval(tmp_path):
-    data_dir = write_idx_dataset(tmp_path / "data" / "mnist", n_train=300, n_test=100).parent
+    data_dir = write_idx_dataset(
+        tmp_path / "data" / "MNIST" / "raw", n_train=300, n_test=100
+    ).parents[1]
     run_dir = tmp_path / "run"
     env = {
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),

@@ -316,7 +316,7 @@ def test_async_training_goes_on_without_a_lost_worker(tmp_path):
     # the epoch, form their group again and train to the end on the data split over the two of
     # them. On enough data for the rest of the run to outlast the 5 s in which Lightning's own
     # launcher would kill the job (ParameterServerStrategy.watched_processes).
-    data_dir = write_idx_dataset(tmp_path / "data" / "mnist", n_train=6000).parent
+    data_dir = write_idx_dataset(tmp_path / "data" / "MNIST" / "raw", n_train=6000).parents[1]
     run_dir, samples = tmp_path / "run", tmp_path / "samples"
     args = tiny_run_args(
         data_dir,

@@ -159,7 +159,6 @@ NOT_SETUP = (
     "callbacks.optuna_pruning",  # reports to the pruner; the pruner is the sweeper's setting
     "data.num_workers",
     "data.pin_memory",
-    "data.cache",
 )
 # Keys left out while they hold the value given here, which follows from a key of the setup:
 # a study keeps its name when the configs gain such a key.

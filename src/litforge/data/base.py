@@ -1,13 +1,12 @@
 """`ImageClassificationData`: what the pipeline asks of any datamodule. `DataModule`: ours, which
-normalize and augment batches on the training device. `InMemoryImageDataModule`: datasets that
-fit in memory, whose subclass says how to read its files (`load_split`) and what the data is
-(`source`, `input_shape`, `class_names`, `mean`, `std`). The rest is shared: find or download the
-files, decode them once to uint8 tensors (cached), carve a validation split (seeded by
-`split_seed` alone: it stays put while run seeds vary), and gather whole batches from tensors on
-the training device (`TensorImages`, no workers). Data that does not fit: `image_folder.py`."""
+normalize and augment batches on the training device. `InMemoryImageDataModule`: a dataset of
+`torchvision.datasets` in memory (MNIST, Fashion-MNIST, CIFAR-10: a subclass names the class and
+what the data is: `input_shape`, `class_names`, `mean`, `std`). Data that does not fit:
+`image_folder.py`."""
 
 import functools
 import logging
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar, Protocol, runtime_checkable
@@ -19,14 +18,15 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from litforge.data.images import BatchAugment, normalize, seed_of, seeded
 from litforge.data.samplers import EpochSampler, evaluation_sampler
-from litforge.data.sources import DatasetSource, locate
 from litforge.errors import UserError, check_number
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 1  # bump when the cached tensors change meaning
-CACHE = "decoded-uint8.pt"
 MIXES = ("mixup", "cutmix", "both")
+
+
+class DatasetNotFoundError(UserError):
+    """A built-in dataset's files are not where torchvision reads them (nor downloaded)."""
 
 
 def check_choice(key: str, value: object, choices: Sequence[str]) -> None:
@@ -162,6 +162,9 @@ class DataModule(L.LightningDataModule):
             self.next_epoch = min(max(int(state_dict.get("next_epoch", 0)), 0), 2**31)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        """The one place a batch is normalized, augmented and mixed, on the training device:
+        uint8 images in; float32 images out, `(x / 255 - mean) / std`, with int64 labels, or
+        per-class probabilities for a training batch with `data.mix` (docs/data.md)."""
         if isinstance(batch, torch.Tensor):  # the model's example input (a logger's graph)
             return batch
         images, labels = batch
@@ -222,14 +225,19 @@ def as_batch(batch):
 
 
 class InMemoryImageDataModule(DataModule):
-    source: ClassVar[DatasetSource]
+    """A dataset of `torchvision.datasets` (`dataset`: its download, checksums and parsing, its
+    folder under `root`) held in memory as the uint8 tensors it reads: a validation split carved
+    from the training images (seeded by `split_seed` alone: it stays put while run seeds vary),
+    batches gathered from tensors on the training device (`TensorImages`, no workers)."""
+
+    dataset: ClassVar[type]  # torchvision.datasets' class, e.g. MNIST
+    name: ClassVar[str]  # as checkpoints and messages name it: the config's name
+    folder: ClassVar[str]  # where `dataset` reads its files under root, e.g. MNIST/raw
     num_train_images: ClassVar[int]  # the official training split's size
 
     def __init__(
         self,
-        data_dir: str | None = None,
-        root_dir: str = "data",
-        system_dir: str | None = "/usr/share/datasets",
+        root: str = "data",
         download: bool = True,
         batch_size: int = 128,
         val_size: int = 5000,
@@ -238,7 +246,6 @@ class InMemoryImageDataModule(DataModule):
         fold: int = 0,
         crop_padding: int = 0,
         horizontal_flip: bool = False,
-        cache: bool = True,
         mix: str | None = None,
         mix_alpha: float = 1.0,
         seed: int | None = 0,
@@ -253,12 +260,13 @@ class InMemoryImageDataModule(DataModule):
         if val_size >= self.num_train_images:
             raise UserError(
                 f"data.val_size={val_size} must be below the {self.num_train_images} training "
-                f"images of {self.source.name}."
+                f"images of {self.name}."
             )
         # Plain values only: they go into checkpoints, which must load with weights_only=True.
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
-        self.save_hyperparameters({"name": self.source.name, **arguments})
+        self.save_hyperparameters({"name": self.name, **arguments})
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # uint8 images, labels
+        self.read_in_prepare: dict[bool, tuple[torch.Tensor, torch.Tensor]] = {}
         if crop_padding or horizontal_flip:
             black = [-m / s for m, s in zip(self.mean, self.std, strict=True)]
             self.batch_augment = BatchAugment(crop_padding, horizontal_flip, black)
@@ -268,75 +276,96 @@ class InMemoryImageDataModule(DataModule):
             return {}
         return {"val": (self.hparams.val_size, "data.val_size")}
 
-    def load_split(self, directory: Path, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Read the train or test split from `directory`: uint8 images N×C×H×W, int64 labels N."""
-        raise NotImplementedError
+    @property
+    def root(self) -> Path:
+        return Path(self.hparams.root).expanduser()
 
-    def locate(self, allow_download: bool = False) -> Path:
-        hp, download = self.hparams, allow_download and self.hparams.download
-        if hp.data_dir is not None:
-            return locate(self.source, hp.data_dir, None, download, given=True)
-        return locate(self.source, hp.root_dir, hp.system_dir, download)
+    def place_files(self) -> None:
+        """Put files `dataset` reads into `root` from elsewhere, before it looks (a subclass's:
+        Debian's copy of Fashion-MNIST)."""
 
-    def cache_path(self, directory: Path) -> Path:  # under root_dir: the system dir is read-only
-        if self.hparams.data_dir is not None:
-            return directory / CACHE
-        return Path(self.hparams.root_dir).expanduser() / self.source.name / CACHE
-
-    def decode(self, directory: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        return {s: self.load_split(directory, train=s == "train") for s in ("train", "test")}
-
-    def read_cache(self, directory: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
-        path = self.cache_path(directory)
-        if not (self.hparams.cache and path.is_file()):
-            return None
+    def read(self, train: bool, download: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training or test split as `dataset` reads it: uint8 images N×C×H×W, int64 labels
+        N. With `download`, what is missing is downloaded first (nothing is left of a failed
+        download); files that are missing or damaged are a UserError."""
+        root, folder = self.root, self.root / self.folder
+        before = set(root.iterdir()) if root.is_dir() else None
         try:
-            cached = torch.load(path, weights_only=True)
-        except Exception as err:  # a damaged cache is rebuilt from the original files
-            log.warning("Ignoring unreadable cache %s (%s); decoding the files again.", path, err)
-            return None
-        if cached.get("format") != CACHE_FORMAT or cached.get("source") != str(directory):
-            log.info("Cache %s is from another format or source; decoding the files again.", path)
-            return None
-        return cached["splits"]
+            dataset = self.dataset(str(root), train=train, download=download)
+        except Exception as err:  # torchvision raises many kinds, for files and networks
+            if download and root.is_dir():  # its folders and files of the failed download go
+                for path in set(root.iterdir()) - (before or set()):
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+                if before is None and not any(root.iterdir()):
+                    root.rmdir()
+            raise self.not_read(folder, err, download) from None
+        images = torch.as_tensor(dataset.data)
+        images = images.unsqueeze(1) if images.ndim == 3 else images.permute(0, 3, 1, 2)
+        labels = torch.as_tensor(dataset.targets, dtype=torch.long)
+        if tuple(images.shape[1:]) != self.input_shape or len(labels) != len(images):
+            raise UserError(
+                f"{folder} holds {len(labels)} labels for {len(images)} images of "
+                f"{tuple(images.shape[1:])}, {self.name} has images of {self.input_shape}: "
+                f"replace the files with the dataset's own."
+            )
+        if len(labels) and not 0 <= int(labels.min()) <= int(labels.max()) < len(self.class_names):
+            raise UserError(
+                f"{folder} holds labels outside 0-{len(self.class_names) - 1}: replace the files "
+                f"with the dataset's own."
+            )
+        return images.contiguous(), labels
+
+    def not_read(self, folder: Path, err: Exception, download: bool) -> UserError:
+        """The one line saying why `dataset` found nothing, or nothing it could read."""
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        lines = lines or [type(err).__name__]  # the first line, and the last: a download's cause
+        reason = " ".join(dict.fromkeys([lines[0][:200], lines[-1][:200]])).rstrip(".")
+        reader = f"torchvision.datasets.{self.dataset.__name__}"
+        if not download and "not found" not in reason.lower():
+            return UserError(
+                f"{folder} holds files {reader} cannot read ({reason}): replace them with the "
+                f"dataset's own, or delete {folder} and set data.download=true."
+            )
+        why = f"its download failed: {reason}" if download else f"{reader}: {reason}"
+        return DatasetNotFoundError(
+            f"{self.name} not found in {folder} ({why}). Put its files there, or set "
+            f"data.root=<a folder holding {self.folder}/>{self.elsewhere()}, or set "
+            f"data.download=true on a machine with internet."
+        )
+
+    def elsewhere(self) -> str:
+        """Where else the files may come from, as a sentence's end (a subclass's)."""
+        return ""
 
     def prepare_data(self) -> None:
         # Lightning calls this on one process per node: the only place that downloads or writes.
-        directory = self.locate(allow_download=True)
-        if not self.hparams.cache or self.read_cache(directory) is not None:
-            return
-        path, splits = self.cache_path(directory), self.decode(directory)
-        cached = {"format": CACHE_FORMAT, "source": str(directory), "splits": splits}
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(".pt.partial")
-            torch.save(cached, partial)
-            partial.replace(path)  # atomic: a reader sees the old cache or the new one
-        except OSError as err:  # a read-only data dir only costs the next run the decoding time
-            log.warning("Could not cache decoded tensors at %s: %s", path, err)
+        self.place_files()
+        for train in (True, False):  # (what is read here is kept for this process's setup)
+            try:
+                self.read_in_prepare[train] = self.read(train)
+            except DatasetNotFoundError:
+                if not self.hparams.download:
+                    raise
+                self.read_in_prepare[train] = self.read(train, download=True)
 
     def setup(self, stage: str | None = None) -> None:
         fit = stage in ("fit", "validate", None) and "train" not in self.splits
         test = stage in ("test", "predict", None) and "test" not in self.splits
         if not (fit or test):
             return
-        directory = self.locate()
-        cached = self.read_cache(directory)
         if self.trainer is None or self.trainer.is_global_zero:
-            copy = f" (decoded copy: {self.cache_path(directory)})" if cached else ""
-            log.info(f"Data: {self.source.name} from {directory}{copy}")
-        decoded = cached or self.decode(directory)
+            log.info(f"Data: {self.name} from {self.root / self.folder}")
         if test:
-            self.splits["test"] = decoded["test"]
+            self.splits["test"] = self.read_in_prepare.pop(False, None) or self.read(train=False)
         if fit:
-            images, labels = decoded["train"]
+            images, labels = self.read_in_prepare.pop(True, None) or self.read(train=True)
             hp, n_val = self.hparams, self.hparams.val_size
             if hp.num_folds:  # k-fold: validation is fold `fold` of the whole training split
                 train, val = fold_split(labels, hp.num_folds, hp.fold, hp.split_seed)
             elif n_val >= len(labels):
                 raise UserError(
-                    f"data.val_size={n_val} leaves no training data: {directory} holds "
-                    f"{len(labels)} training images. Use a smaller val_size."
+                    f"data.val_size={n_val} leaves no training data: {self.root / self.folder} "
+                    f"holds {len(labels)} training images. Use a smaller val_size."
                 )
             else:
                 generator = torch.Generator().manual_seed(hp.split_seed)
@@ -344,6 +373,7 @@ class InMemoryImageDataModule(DataModule):
                 train, val = order[n_val:], order[:n_val]
             self.splits["val"] = (images[val], labels[val])
             self.splits["train"] = (images[train], labels[train])
+        self.read_in_prepare = {}  # (a split this stage does not use is not kept)
 
     def loader(self, split: str, train: bool) -> DataLoader:
         images, labels = self.splits[split]

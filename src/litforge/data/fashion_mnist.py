@@ -1,39 +1,50 @@
-"""Fashion-MNIST: Zalando's clothing images, MNIST's drop-in replacement (same files, shapes).
-Debian packages it (`apt-get install dataset-fashion-mnist`), so it also works offline."""
+"""Fashion-MNIST: Zalando's clothing images, MNIST's drop-in replacement (torchvision's
+`FashionMNIST`). Offline, from Debian's package (`apt-get install dataset-fashion-mnist`): its
+`.gz` files hold the same bytes as torchvision's downloads (compressed again, so their MD5 sums
+differ), unpacked into `<root>/FashionMNIST/raw/`, where torchvision reads them."""
 
-from litforge.data.idx import IDXDataModule
-from litforge.data.sources import DatasetSource
+import gzip
+import shutil
+from pathlib import Path
 
-# Mirror and checksums as torchvision publishes them (torchvision.datasets.FashionMNIST).
-FASHION_MNIST = DatasetSource(
-    name="fashion_mnist",
-    files=(*IDXDataModule.split_files[True], *IDXDataModule.split_files[False]),
-    mirrors=("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",),
-    resources=(
-        ("train-images-idx3-ubyte.gz", "8d4fb7e6c68d591d4c3dfef9ec88bf0d"),
-        ("train-labels-idx1-ubyte.gz", "25c81989df183df01b3e8a0aad5dffbe"),
-        ("t10k-images-idx3-ubyte.gz", "bef4ecab320f06d8554ea6380940ec79"),
-        ("t10k-labels-idx1-ubyte.gz", "bb300cfdad3c16e7a12a480ee83cd310"),
-    ),
-    system_name="fashion-mnist",
-    debian_package="dataset-fashion-mnist",
-    aliases=("FashionMNIST/raw",),
-)
+from torchvision.datasets import FashionMNIST
+
+from litforge.data.base import InMemoryImageDataModule
+
+DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"  # apt-get install dataset-fashion-mnist
 
 
-class FashionMNISTDataModule(IDXDataModule):
-    source = FASHION_MNIST
-    class_names = (
-        "T-shirt/top",
-        "Trouser",
-        "Pullover",
-        "Dress",
-        "Coat",
-        "Sandal",
-        "Shirt",
-        "Sneaker",
-        "Bag",
-        "Ankle boot",
-    )
+class FashionMNISTDataModule(InMemoryImageDataModule):
+    dataset = FashionMNIST
+    name = "fashion_mnist"
+    folder = "FashionMNIST/raw"
+    input_shape = (1, 28, 28)
+    num_train_images = 60000
+    class_names = tuple(FashionMNIST.classes)  # T-shirt/top, Trouser, ..., Ankle boot
     mean = (0.2860,)
     std = (0.3530,)
+    debian_package = "dataset-fashion-mnist"
+
+    def __init__(self, *args, system_dir: str | None = DEBIAN_DIR, **kwargs) -> None:
+        """`system_dir`: where Debian's package puts its files, or None."""
+        super().__init__(*args, **kwargs)
+        self.save_hyperparameters({"system_dir": system_dir})
+
+    def place_files(self) -> None:
+        """The files `root` lacks, unpacked from Debian's copy where it has them (whole: each
+        written beside its place and renamed)."""
+        system_dir = self.hparams.system_dir
+        raw = self.root / self.folder
+        for archive, _ in FashionMNIST.resources:
+            packed = Path(system_dir or "/nonexistent").expanduser() / archive
+            target = raw / archive.removesuffix(".gz")
+            if system_dir is None or target.exists() or not packed.is_file():
+                continue
+            raw.mkdir(parents=True, exist_ok=True)
+            partial = target.with_name(f".{target.name}.partial")
+            with gzip.open(packed) as source, partial.open("wb") as unpacked:
+                shutil.copyfileobj(source, unpacked)
+            partial.replace(target)
+
+    def elsewhere(self) -> str:
+        return f", or install Debian's copy (apt-get install -y {self.debian_package})"

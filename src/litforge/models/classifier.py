@@ -37,7 +37,11 @@ class ClassificationModule(L.LightningModule):
     as plain dicts: `load_from_checkpoint(path, weights_only=True)` rebuilds the module without
     Hydra's objects or pickles. Logged: `train/loss_step` (each step), `train/loss` and
     `train/acc` (the epoch's), `{val,test}/loss`, `/acc`, `/f1` (macro), `/acc_balanced` (the
-    mean of the per-class recalls), `val/acc_best`."""
+    mean of the per-class recalls), `val/acc_best`.
+
+    A batch, as the datamodule's `on_after_batch_transfer` hands it over (docs/data.md): float32
+    images N×C×H×W normalized by the data's mean and std, and int64 class indices N, or, in
+    training with `data.mix`, float32 per-class probabilities N×num_classes."""
 
     def __init__(
         self,

@@ -1,16 +1,16 @@
-"""Datasets from the command line.
+"""The built-in datasets from the command line.
 
-    python -m litforge.data fetch mnist [--data-dir data]  # before training, e.g. on a login node
-    python -m litforge.data fetch fashion_mnist --apt      # offline: Debian's package
-    python -m litforge.data export-images fashion_mnist DIR  # as DIR/<split>/<class>/<n>.png
+    python -m litforge.data_tools fetch mnist [--root data]  # before training, e.g. on a login node
+    python -m litforge.data_tools fetch fashion_mnist --apt  # offline: Debian's package
+    python -m litforge.data_tools export-images fashion_mnist DIR  # DIR/<split>/<class>/<n>.png
 
-A dataset name is the module name in `litforge.data` (and the config name in `conf/data/`).
+A dataset name is the module name in `litforge.data` (and the config name in `conf/data/`);
+`--root` is `data.root` (default: ./data, as `paths.data_dir` of a run in this folder).
 """
 
 import argparse
 import importlib
 import inspect
-import logging
 import os
 import shutil
 import subprocess
@@ -18,33 +18,29 @@ import sys
 from pathlib import Path
 
 from litforge.data.base import InMemoryImageDataModule
-from litforge.data.sources import DatasetNotFoundError, DatasetSource, locate
 from litforge.errors import UserError
 
 
-def builtin_datamodule(name: str) -> type[InMemoryImageDataModule]:
+def builtin_datamodule(name: str, root: str) -> InMemoryImageDataModule:
+    """The datamodule of `litforge.data.<name>`, reading `root`, downloading what is missing."""
     try:
         module = importlib.import_module(f"litforge.data.{name}")
     except ModuleNotFoundError:
         raise UserError(f"unknown dataset '{name}': no module litforge.data.{name}.") from None
-    for _, obj in inspect.getmembers(module, inspect.isclass):
-        if issubclass(obj, InMemoryImageDataModule) and obj.__module__ == module.__name__:
-            return obj
+    for _, cls in inspect.getmembers(module, inspect.isclass):
+        if issubclass(cls, InMemoryImageDataModule) and cls.__module__ == module.__name__:
+            return cls(root=root, download=True)
     raise UserError(f"litforge.data.{name} has no built-in dataset (mnist, fashion_mnist, ...).")
 
 
-def install_debian_package(source: DatasetSource) -> bool:
-    """Install the dataset's Debian package if we are root and have apt-get; say what happens."""
-    package = source.debian_package
-    if not package or not shutil.which("apt-get"):
+def install_debian_package(package: str) -> bool:
+    """Install `package` if we are root and have apt-get; say what happens."""
+    if not shutil.which("apt-get"):
         return False
     if os.geteuid() != 0:
-        print(
-            f"No source had {source.name}. Install Debian's copy with:\n"
-            f"  sudo apt-get install -y {package}"
-        )
+        print(f"Install Debian's copy with:\n  sudo apt-get install -y {package}")
         return False
-    print(f"No source had {source.name}: installing Debian's package {package} (apt-get).")
+    print(f"Installing Debian's package {package} (apt-get).")
     command = ["apt-get", "install", "-y", "-q", package]
     if subprocess.run(command).returncode != 0:  # a fresh machine may have no package lists yet
         subprocess.run(["apt-get", "update", "-q"], check=False)
@@ -52,17 +48,16 @@ def install_debian_package(source: DatasetSource) -> bool:
     return True
 
 
-def fetch(name: str, data_dir: str, system_dir: str, apt: bool) -> str:
-    source = builtin_datamodule(name).source
-    try:
-        return str(locate(source, data_dir, system_dir))
-    except DatasetNotFoundError:
-        if apt and install_debian_package(source):
-            return str(locate(source, data_dir, system_dir, allow_download=False))
-        raise
+def fetch(name: str, root: str, apt: bool) -> Path:
+    datamodule = builtin_datamodule(name, root)
+    package = getattr(datamodule, "debian_package", None)
+    if apt and package and not Path(datamodule.hparams.system_dir or "").is_dir():
+        install_debian_package(package)
+    datamodule.prepare_data()
+    return datamodule.root / datamodule.folder
 
 
-def export_images(name: str, target: str, data_dir: str, system_dir: str, limit: int | None) -> str:
+def export_images(name: str, target: str, root: str, limit: int | None) -> Path:
     """Write `target/<split>/<class>/<n>.png` via `target.partial`: no half-written folder."""
     import numpy as np
     from PIL import Image
@@ -70,15 +65,14 @@ def export_images(name: str, target: str, data_dir: str, system_dir: str, limit:
     dest = Path(target).expanduser()
     if dest.exists() and any(dest.iterdir()):
         raise UserError(f"{dest} exists and is not empty: remove it or choose another folder.")
-    module = builtin_datamodule(name)
-    files = locate(module.source, data_dir, system_dir, allow_download=True)
+    datamodule = builtin_datamodule(name, root)
+    datamodule.place_files()
     partial = dest.with_name(dest.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     # Class names as folder names: a path separator would make subfolders.
-    folders = [c.replace("/", "_").replace("\\", "_") for c in module.class_names]
-    datamodule = module(data_dir=str(files))
+    folders = [c.replace("/", "_").replace("\\", "_") for c in datamodule.class_names]
     for split in ("train", "test"):
-        images, labels = datamodule.load_split(files, train=split == "train")
+        images, labels = datamodule.read(train=split == "train", download=True)
         count = len(labels) if limit is None else min(limit, len(labels))
         (partial / split).mkdir(parents=True)
         for label in labels[:count].unique().tolist():  # no folder for a class left out by limit
@@ -91,23 +85,22 @@ def export_images(name: str, target: str, data_dir: str, system_dir: str, limit:
     if dest.exists():
         dest.rmdir()
     partial.rename(dest)
-    return str(dest)
+    return dest
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m litforge.data",
+        prog="python -m litforge.data_tools",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("name", help="dataset, e.g. mnist or fashion_mnist")
-    common.add_argument("--data-dir", default="data", help="default: ./data")
-    common.add_argument("--system-dir", default="/usr/share/datasets")
+    common.add_argument("--root", default="data", help="data.root: default ./data")
     commands = parser.add_subparsers(dest="command", required=True)
     fetch_parser = commands.add_parser("fetch", parents=[common], help="find or download a dataset")
     fetch_parser.add_argument(
-        "--apt", action="store_true", help="if nothing else works, install the Debian package"
+        "--apt", action="store_true", help="first install the Debian package, if it has one"
     )
     export_parser = commands.add_parser(
         "export-images",
@@ -117,15 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     export_parser.add_argument("target", help="folder to create: target/<split>/<class>/<n>.png")
     export_parser.add_argument("--limit", type=int, help="at most this many images per split")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     try:
         if args.command == "fetch":
-            directory = fetch(args.name, args.data_dir, args.system_dir, args.apt)
-            print(f"{args.name}: files in {directory}")
+            print(f"{args.name}: files in {fetch(args.name, args.root, args.apt)}")
         else:
-            target = export_images(
-                args.name, args.target, args.data_dir, args.system_dir, args.limit
-            )
+            target = export_images(args.name, args.target, args.root, args.limit)
             print(f"{args.name}: images in {target}")
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
