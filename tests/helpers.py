@@ -285,18 +285,7 @@ def write_cifar10(directory: Path, per_batch: int = 40, n_test: int = 40) -> Pat
     meta = {
         "num_cases_per_batch": per_batch,
         "num_vis": 3072,
-        "label_names": [
-            "airplane",
-            "automobile",
-            "bird",
-            "cat",
-            "deer",
-            "dog",
-            "frog",
-            "horse",
-            "ship",
-            "truck",
-        ],
+        "label_names": list(CIFAR10DataModule.class_names),
     }
     (folder / "batches.meta").write_bytes(pickle.dumps(meta, protocol=2))
     return folder

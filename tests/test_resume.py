@@ -3,6 +3,7 @@ with the same weights and metrics as one that was never interrupted; a run resum
 one writes into its own new folder."""
 
 import csv
+import json
 import logging
 import os
 import signal
@@ -128,6 +129,25 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(
     assert rates[0] == rates[1] and len(rates[0]) == 3
 
 
+def photo_folder_args(tmp_path) -> list[str]:
+    """A run on a folder of 128×160 RGB photos with 2 loader workers, random crops, flips and
+    dropout: what exact resuming has to draw again."""
+    counts = {"train": {name: 24 for name in "abcd"}}
+    images = write_image_folder(tmp_path / "images", counts, size=(128, 160))
+    return [
+        *small_cnn_args(images),
+        "data.num_workers=2",
+        "data.image_size=32",
+        "data.batch_size=16",
+        "data.crop_scale=[0.35,1]",
+        "data.horizontal_flip=true",
+        "model.net.dropout=0.3",
+        "trainer.deterministic=true",
+        "trainer.accelerator=cpu",
+        "extras.print_config=false",
+    ]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("data", ["image_folder", "in_memory"])
 def test_a_run_resumed_from_an_epochs_end_trains_as_an_uninterrupted_one(
@@ -136,20 +156,7 @@ def test_a_run_resumed_from_an_epochs_end_trains_as_an_uninterrupted_one(
     # epoch_000.ckpt is written at epoch 0's end (last.ckpt there too): the loader has no state
     # left to restore, and image folders' workers start reading before Lightning sets the epoch.
     if data == "image_folder":
-        counts = {"train": {name: 24 for name in "abcd"}}
-        images = write_image_folder(tmp_path / "images", counts, size=(128, 160))
-        args = [
-            *small_cnn_args(images),
-            "data.num_workers=2",
-            "data.image_size=32",
-            "data.batch_size=16",
-            "data.crop_scale=[0.35,1]",
-            "data.horizontal_flip=true",
-            "model.net.dropout=0.3",
-            "trainer.deterministic=true",
-            "trainer.accelerator=cpu",
-            "extras.print_config=false",
-        ]
+        args = photo_folder_args(tmp_path)
     else:
         args = tiny_run_args(idx_data_dir, None, *RESUMABLE, "data.batch_size=50")
     args += ["trainer.max_epochs=2", "callbacks.model_checkpoint.save_top_k=-1"]  # all kept
@@ -164,6 +171,39 @@ def test_a_run_resumed_from_an_epochs_end_trains_as_an_uninterrupted_one(
         torch.testing.assert_close(weights[name], value, rtol=0, atol=0, msg=name)
     # The test metrics too: the resumed run knows the best checkpoint of the epochs before it.
     assert metrics == metrics_ref
+
+
+@pytest.mark.slow
+def test_an_image_folder_run_killed_mid_epoch_resumes_to_the_same_test_loss(tmp_path):
+    """kill -9 mid-epoch of a run reading RGB photos of 128×160 px with 2 loader workers and
+    random crops and flips; resumed with ckpt_path=last, it ends as the uninterrupted run."""
+    args = [
+        *photo_folder_args(tmp_path),
+        "trainer.max_epochs=2",
+        "callbacks.rich_progress_bar=null",
+        "callbacks.last_checkpoint.every_n_train_steps=2",  # mid-epoch: 4 batches an epoch
+    ]
+    reference = run_script("train.py", *args, f"hydra.run.dir={tmp_path / 'uninterrupted'}")
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    run = tmp_path / "killed"
+    killed = subprocess.Popen(
+        [sys.executable, "train.py", *args, f"hydra.run.dir={run}"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output = stop_after_first_checkpoint(killed, signal.SIGKILL)
+    assert "last.ckpt (epoch 0, step 2)" in output, output[-3000:]
+    assert not (run / "metrics.json").exists()
+    resumed = run_script("train.py", *args, f"hydra.run.dir={run}", "ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resuming from" in resumed.stdout + resumed.stderr
+    metrics = json.loads((run / "metrics.json").read_text())
+    reference_metrics = json.loads((tmp_path / "uninterrupted" / "metrics.json").read_text())
+    assert metrics["test/loss"] == reference_metrics["test/loss"]
+    assert metrics == reference_metrics
 
 
 @pytest.mark.slow

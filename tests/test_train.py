@@ -106,7 +106,7 @@ def test_train_false_tests_the_given_checkpoint(trained_run, tmp_path):
             "train=false",
             f"ckpt_path={best}",
             "logger=none",
-            f"paths.data_dir={cfg.data.root_dir}",
+            f"paths.data_dir={cfg.data.root}",
         ],
     )
     tested = train(cfg)

@@ -79,7 +79,7 @@ def test_fsdp2_shards_every_layer_its_folders_evaluate_and_resume(tmp_path, idx_
     evaluated = evaluate(whole, idx_data_dir, tmp_path / "e1")
     assert evaluated["test/acc"] == pytest.approx(trained["test/acc"], abs=1e-6)
     # and predict.py / export.py / serve.py take it (one device, the normalization from it)
-    predicted = predicted_accuracy(whole, idx_data_dir / "mnist")
+    predicted = predicted_accuracy(whole, idx_data_dir)
     assert predicted == pytest.approx(trained["test/acc"], abs=1e-6)
     # train=false under the same strategy: every process reads the folder, then shards it again
     train(

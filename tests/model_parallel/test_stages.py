@@ -105,7 +105,7 @@ def test_two_stages_train_as_one_process_accumulating_microbatches(data, accumul
     # predict/eval take it on one device
     best = next((piped["dir"] / "checkpoints").glob("epoch_*.ckpt"))
     assert best.is_dir()
-    accuracy = predicted_accuracy(to_file(best), data / "data" / "mnist")
+    accuracy = predicted_accuracy(to_file(best), data / "data")
     assert accuracy == pytest.approx(piped["metrics"]["test/acc"], abs=1e-6)
 
     if schedule == "gpipe":  # and resumes: ckpt_path=last continues the run's own folder
@@ -158,7 +158,7 @@ def test_cnn_in_two_stages_of_two_tensor_parallel_processes(data):
         progress_bar=True,
     )
     best = next((piped["dir"] / "checkpoints").glob("epoch_*.ckpt"))
-    accuracy = predicted_accuracy(to_file(best), data / "data" / "mnist")
+    accuracy = predicted_accuracy(to_file(best), data / "data")
     assert accuracy == pytest.approx(piped["metrics"]["test/acc"], abs=1e-6)
     assert piped["metrics"]["train/loss"] < 2.3  # below chance: it learned
 

@@ -65,7 +65,7 @@ def test_compiled_run_checkpoint_loads_into_eager_eval(tmp_path):
     trained = json.loads((run_dir / "metrics.json").read_text())
     assert evaluated["test/acc"] == pytest.approx(trained["test/acc"], abs=1e-6)
     if importlib.util.find_spec("litforge.deploy"):  # predict.py, export.py, serve.py: eagerly too
-        predicted = predicted_accuracy(best, data_dir / "mnist")
+        predicted = predicted_accuracy(best, data_dir)
         assert predicted == pytest.approx(trained["test/acc"], abs=1e-6)
 
 

@@ -4,6 +4,7 @@
 differ), unpacked into `<root>/FashionMNIST/raw/`, where torchvision reads them."""
 
 import gzip
+import os
 import shutil
 from pathlib import Path
 
@@ -33,15 +34,15 @@ class FashionMNISTDataModule(InMemoryImageDataModule):
     def place_files(self) -> None:
         """The files `root` lacks, unpacked from Debian's copy where it has them (whole: each
         written beside its place and renamed)."""
-        system_dir = self.hparams.system_dir
-        raw = self.root / self.folder
+        if self.hparams.system_dir is None:
+            return
+        system, raw = Path(self.hparams.system_dir).expanduser(), self.root / self.folder
         for archive, _ in FashionMNIST.resources:
-            packed = Path(system_dir or "/nonexistent").expanduser() / archive
-            target = raw / archive.removesuffix(".gz")
-            if system_dir is None or target.exists() or not packed.is_file():
+            packed, target = system / archive, raw / archive.removesuffix(".gz")
+            if target.exists() or not packed.is_file():
                 continue
             raw.mkdir(parents=True, exist_ok=True)
-            partial = target.with_name(f".{target.name}.partial")
+            partial = target.with_name(f".{target.name}.{os.getpid()}.partial")  # (each its own)
             with gzip.open(packed) as source, partial.open("wb") as unpacked:
                 shutil.copyfileobj(source, unpacked)
             partial.replace(target)
