@@ -327,10 +327,10 @@ class InMemoryImageDataModule(DataModule):
                 f"dataset's own, or delete {folder} and set data.download=true."
             )
         why = f"its download failed: {reason}" if download else f"{reader}: {reason}"
+        fetch = "copy it there from a machine with internet" if download else "data.download=true"
         return DatasetNotFoundError(
             f"{self.name} not found in {folder} ({why}). Put its files there, or set "
-            f"data.root=<a folder holding {self.folder}/>{self.elsewhere()}, or set "
-            f"data.download=true on a machine with internet."
+            f"data.root=<a folder holding {self.folder}/>{self.elsewhere()}, or {fetch}."
         )
 
     def elsewhere(self) -> str:
