@@ -234,6 +234,7 @@ class InMemoryImageDataModule(DataModule):
     name: ClassVar[str]  # as checkpoints and messages name it: the config's name
     folder: ClassVar[str]  # where `dataset` reads its files under root, e.g. MNIST/raw
     num_train_images: ClassVar[int]  # the official training split's size
+    debian_package: ClassVar[str | None] = None  # Debian's package of its files, if there is one
 
     def __init__(
         self,
@@ -328,14 +329,12 @@ class InMemoryImageDataModule(DataModule):
             )
         why = f"its download failed: {reason}" if download else f"{reader}: {reason}"
         fetch = "copy it there from a machine with internet" if download else "data.download=true"
+        package = self.debian_package
+        debian = f", or install Debian's copy (apt-get install -y {package})" if package else ""
         return DatasetNotFoundError(
             f"{self.name} not found in {folder} ({why}). Put its files there, or set "
-            f"data.root=<a folder holding {self.folder}/>{self.elsewhere()}, or {fetch}."
+            f"data.root=<a folder holding {self.folder}/>{debian}, or {fetch}."
         )
-
-    def elsewhere(self) -> str:
-        """Where else the files may come from, as a sentence's end (a subclass's)."""
-        return ""
 
     def prepare_data(self) -> None:
         # Lightning calls this on one process per node: the only place that downloads or writes.

@@ -46,6 +46,3 @@ class FashionMNISTDataModule(InMemoryImageDataModule):
             with gzip.open(packed) as source, partial.open("wb") as unpacked:
                 shutil.copyfileobj(source, unpacked)
             partial.replace(target)
-
-    def elsewhere(self) -> str:
-        return f", or install Debian's copy (apt-get install -y {self.debian_package})"

@@ -50,7 +50,7 @@ def install_debian_package(package: str) -> bool:
 
 def fetch(name: str, root: str, apt: bool) -> Path:
     datamodule = builtin_datamodule(name, root)
-    package = getattr(datamodule, "debian_package", None)
+    package = datamodule.debian_package
     if apt and package and not Path(datamodule.hparams.system_dir or "").is_dir():
         install_debian_package(package)
     datamodule.prepare_data()
