@@ -478,6 +478,7 @@ def small_cnn_args(images: Path) -> list[str]:
     return [
         "data=image_folder",
         f"data.root={images}",
+        "data.image_size=20",
         "data.num_workers=0",
         "model=cnn",
         "model.net.channels=[8]",

@@ -2,9 +2,11 @@
 values no constructor checks (a datamodule checks its own `data.*` settings, once)."""
 
 import torch
+from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from litforge.errors import UserError, number_problem
+from litforge.settings import check_targets
 
 NUMBERS = {  # key: what `number_problem` checks it for
     "seed": {"integer": True},
@@ -55,6 +57,42 @@ def check_config(cfg: DictConfig, needs_checkpoint: bool = False) -> None:
     check_accelerator(cfg)
     check_strategy(cfg)
     check_precision(cfg)
+    if "data" in cfg:
+        check_targets(cfg.data, "data")  # each value against its constructor's annotation
+        check_data(cfg.data)
+
+
+def check_data(data: DictConfig) -> None:
+    """Data settings that cannot work together (each one alone: `check_targets`)."""
+    folds, fold = data.get("num_folds"), data.get("fold", 0)
+    if folds is not None and fold >= folds:
+        raise UserError(
+            f"data.fold={fold} is not a fold of data.num_folds={folds}: give 0 to {folds - 1} "
+            f"(all of them: -m data.fold={','.join(map(str, range(folds)))})."
+        )
+    val, test = data.get("val_fraction", 0), data.get("test_fraction", 0)
+    if val + test >= 1:
+        raise UserError(
+            f"data.val_fraction={val} and data.test_fraction={test} leave no training images: "
+            f"their sum must be below 1."
+        )
+    if ("mean" in data or "std" in data) and (data.get("mean") is None) != (
+        data.get("std") is None
+    ):
+        raise UserError("data.mean and data.std go together: give both or neither.")
+    crop = data.get("crop_scale")
+    if crop is not None and crop[0] > crop[1]:
+        raise UserError(
+            f"data.crop_scale=[{crop[0]},{crop[1]}]: the first (smallest share of the image) "
+            f"must not be above the second, e.g. data.crop_scale=[0.35,1]."
+        )
+    dataset = get_object(data._target_)
+    images = getattr(dataset, "num_train_images", None)
+    if images is not None and data.get("val_size", 0) >= images:
+        raise UserError(
+            f"data.val_size={data.val_size} must be below the {images} training images of "
+            f"{dataset.name}."
+        )
 
 
 def accelerator_is_cpu(accelerator: str) -> bool:

@@ -8,8 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import WrittenCIFAR10DataModule, write_cifar10
+from helpers import WrittenCIFAR10DataModule, compose_config, write_cifar10
 
+from litforge.checks import check_config
 from litforge.data.cifar10 import CIFAR10DataModule
 from litforge.errors import UserError
 
@@ -93,9 +94,10 @@ def test_files_other_than_the_originals_are_refused_before_they_are_unpickled(tm
     assert not marker.exists()
 
 
-def test_val_size_beyond_the_training_set_is_refused():
-    with pytest.raises(UserError, match="val_size=50000 must be below the 50000"):
-        make("unused", val_size=50000)
+def test_val_size_beyond_the_training_set_is_refused(tmp_path):
+    cfg = compose_config("train", tmp_path, ["data=cifar10", "data.val_size=50000"])
+    with pytest.raises(UserError, match="data.val_size=50000 must be below the 50000 .* cifar10"):
+        check_config(cfg)
 
 
 def test_cifar10_cnn_experiment_trains_on_synthetic_files(tmp_path):

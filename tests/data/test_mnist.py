@@ -1,10 +1,13 @@
 """`data=mnist`: torchvision's MNIST, in memory, on MNIST-format files the test writes where
 torchvision reads them (`<root>/MNIST/raw/`)."""
 
+import re
+
 import pytest
 import torch
 from helpers import compose_config, write_idx_dataset
 
+from litforge.checks import check_config
 from litforge.data.base import model_arguments
 from litforge.data.mnist import MNISTDataModule
 from litforge.errors import UserError
@@ -120,12 +123,13 @@ def test_k_folds_partition_the_training_split_stratified_and_leave_test_alone(tm
 
 
 def test_a_fold_outside_num_folds_is_refused_saying_which_are(tmp_path):
-    with pytest.raises(
-        UserError, match=r"data.fold=4 is not a fold of data.num_folds=4: give 0 to 3"
-    ):
-        make(tmp_path, num_folds=4, fold=4)
-    with pytest.raises(UserError, match="num_folds=1 is out of range"):
-        make(tmp_path, num_folds=1)
+    for folds, line in [
+        (["num_folds=4", "fold=4"], "data.fold=4 is not a fold of data.num_folds=4: give 0 to 3"),
+        (["num_folds=1"], "data.num_folds=1: must be >= 2."),
+    ]:
+        cfg = compose_config("train", tmp_path, ["data=mnist", *(f"data.{f}" for f in folds)])
+        with pytest.raises(UserError, match=re.escape(line)):
+            check_config(cfg)
 
 
 def test_trainer_predict_gives_logits_for_every_test_image(tmp_path):

@@ -42,7 +42,7 @@ def shards(tmp_path_factory):
         tmp / "images",
         {"train": dict.fromkeys(CLASSES, 30), "test": dict.fromkeys(CLASSES, 6)},
     )
-    result = optimize_cli(source, tmp / "shards", "--workers", "2")
+    result = optimize_cli(source, tmp / "shards", "--workers", "2", "--image-size", "20")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Shards in" in result.stdout
     return source, tmp / "shards"
@@ -57,7 +57,7 @@ def test_the_config_composes_resolves_and_builds(tmp_path, monkeypatch, shards):
 def test_optimize_writes_the_splits_image_folder_would_use(shards):
     source, output = shards
     meta = json.loads((output / META_FILE).read_text())
-    folder = ImageFolderDataModule(root=str(source), num_workers=0)
+    folder = ImageFolderDataModule(root=str(source), image_size=20, num_workers=0)
     folder.inspect()
     assert meta["class_names"] == list(CLASSES)
     for split in ("train", "val", "test"):
@@ -70,7 +70,7 @@ def test_optimize_writes_the_splits_image_folder_would_use(shards):
 def test_shards_of_pixels_give_the_batches_shards_of_files_give(shards, tmp_path):
     source, files = shards
     pixels = tmp_path / "pixels"
-    optimize_folder(str(source), str(pixels), store="pixels", num_workers=2)
+    optimize_folder(str(source), str(pixels), store="pixels", num_workers=2, image_size=20)
     assert json.loads((pixels / META_FILE).read_text())["store"] == "pixels"
     samples = []
     for input_dir in (files, pixels):
@@ -136,8 +136,6 @@ def test_a_file_that_does_not_decode_stops_optimize_or_is_left_out(tmp_path, cap
     source = write_image_folder(tmp_path / "images", {"train": {"cat": 4, "dog": 4}})
     bad = source / "train" / "dog" / "0002.png"
     bad.write_bytes(b"\x89PNG broken")
-    for name in ("cat", "dog"):  # statistics must not trip over it: a good copy first
-        (source / "train" / name / "0000.png").rename(source / "train" / name / "00.png")
     split = ["--val-fraction", "0", "--test-fraction", "0", "--workers", "1"]
     result = optimize_cli(source, tmp_path / "stopped", *split)
     assert result.returncode == 1
@@ -168,6 +166,7 @@ def test_two_processes_train_on_every_sample_once_per_epoch(tmp_path):
     source = write_numbered_folder(tmp_path / "images", 120)
     output = tmp_path / "shards"
     split = ["--val-fraction", "0.2", "--test-fraction", "0", "--workers", "2"]
+    split += ["--image-size", "8", "--channels", "1"]
     assert optimize_cli(source, output, *split).returncode == 0
     per_rank = train_recording_samples(
         tmp_path, "data=streaming", f"data.input_dir={output}", "data.num_workers=2"
@@ -218,7 +217,8 @@ def test_killed_mid_epoch_resumes_to_the_same_result(tmp_path, shards):
 @pytest.mark.slow
 def test_mlp_reaches_85_percent_streaming_exported_fashion_mnist(tmp_path, fashion_mnist_folder):
     output = tmp_path / "shards"
-    assert optimize_cli(fashion_mnist_folder, output, "--workers", "2").returncode == 0
+    small = ["--image-size", "28", "--channels", "1"]
+    assert optimize_cli(fashion_mnist_folder, output, "--workers", "2", *small).returncode == 0
     cfg = compose_config(
         "train",
         tmp_path,

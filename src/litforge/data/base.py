@@ -9,39 +9,26 @@ import logging
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import Annotated, ClassVar, Literal, Protocol, runtime_checkable
 
 import lightning as L
 import torch
+from annotated_types import Ge
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from litforge.data.images import BatchAugment, normalize, seed_of, seeded
 from litforge.data.samplers import EpochSampler, evaluation_sampler
-from litforge.errors import UserError, check_number
+from litforge.errors import UserError
+from litforge.settings import NonNegativeInt, Positive, PositiveInt
 
 log = logging.getLogger(__name__)
 
-MIXES = ("mixup", "cutmix", "both")
+Mix = Literal["mixup", "cutmix", "both"]  # data.mix: MixUp, CutMix or either, per batch
 
 
 class DatasetNotFoundError(UserError):
     """A built-in dataset's files are not where torchvision reads them (nor downloaded)."""
-
-
-def check_choice(key: str, value: object, choices: Sequence[str]) -> None:
-    if value is not None and value not in choices:
-        raise UserError(f"data.{key}={value} is not one of: {', '.join(choices)}, null.")
-
-
-def check_folds(num_folds: int | None, fold: int) -> None:
-    if num_folds is not None:
-        check_number("data.num_folds", num_folds, integer=True, minimum=2)
-    if num_folds is not None and fold not in range(num_folds):
-        raise UserError(
-            f"data.fold={fold} is not a fold of data.num_folds={num_folds}: give 0 to "
-            f"{num_folds - 1} (all of them: -m data.fold={','.join(map(str, range(num_folds)))})."
-        )
 
 
 def fold_split(labels: Sequence[int], num_folds: int, fold: int, seed: int):
@@ -240,29 +227,18 @@ class InMemoryImageDataModule(DataModule):
         self,
         root: str = "data",
         download: bool = True,
-        batch_size: int = 128,
-        val_size: int = 5000,
+        batch_size: PositiveInt = 128,
+        val_size: NonNegativeInt = 5000,
         split_seed: int = 0,
-        num_folds: int | None = None,
-        fold: int = 0,
-        crop_padding: int = 0,
+        num_folds: Annotated[int, Ge(2)] | None = None,
+        fold: NonNegativeInt = 0,
+        crop_padding: NonNegativeInt = 0,
         horizontal_flip: bool = False,
-        mix: str | None = None,
-        mix_alpha: float = 1.0,
+        mix: Mix | None = None,
+        mix_alpha: Positive = 1.0,
         seed: int | None = 0,
     ) -> None:
         super().__init__()
-        check_number("data.batch_size", batch_size, integer=True, minimum=1)
-        check_choice("mix", mix, MIXES)
-        check_number("data.mix_alpha", mix_alpha, above=True)
-        check_number("data.val_size", val_size, integer=True, minimum=0)
-        check_folds(num_folds, fold)
-        check_number("data.crop_padding", crop_padding, integer=True, minimum=0)
-        if val_size >= self.num_train_images:
-            raise UserError(
-                f"data.val_size={val_size} must be below the {self.num_train_images} training "
-                f"images of {self.name}."
-            )
         # Plain values only: they go into checkpoints, which must load with weights_only=True.
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.save_hyperparameters({"name": self.name, **arguments})

@@ -11,45 +11,48 @@ path to copy for data that does not fit in memory. A bad folder stops the run in
 before the model is built; a file that does not decode stops it (`on_bad_file="error"`) or is
 left out."""
 
-import hashlib
-import json
 import logging
 import os
-import statistics
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Annotated, Literal
 
 import torch
+from annotated_types import Ge
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from litforge.data.base import MIXES, DataModule, check_choice, check_folds, fold_split
+from litforge.data.base import DataModule, Mix, fold_split
 from litforge.data.images import (
-    AUTO_AUGMENTS,
     IMAGE_SUFFIXES,
-    INTERPOLATIONS,
     MAX_IMAGE_PIXELS,
-    MAX_IMAGE_SIZE,
+    AutoAugment,
     BadImageError,
+    CropScale,
+    ImageSize,
+    Interpolation,
     SampleTransform,
-    channel_stats,
-    decode,
-    fit,
 )
 from litforge.data.samplers import EpochSampler, evaluation_sampler
-from litforge.errors import UserError, check_number
+from litforge.errors import UserError
+from litforge.settings import Fraction, NonNegativeInt, Positive, PositiveInt
 
 log = logging.getLogger(__name__)
 info_on_rank_zero = rank_zero_only(log.info)  # (each process of a job reads the folder)
 
 SPLITS = ("train", "val", "test")
-STATS_FILE = ".litforge-stats.json"
-STATS_FORMAT = 3
-MAX_AUTO_SIZE = 224  # data.image_size=null: the images' median shorter side, at most this
-BALANCES = ("none", "sampler", "loss")
+# What null settings mean: what ImageNet-pretrained networks take (timm, torchvision).
+DEFAULT_CHANNELS, DEFAULT_IMAGE_SIZE = 3, 224
+IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 Files = dict[str, list[Path]]  # class name -> image files
+
+
+def default_statistics(channels: int) -> tuple[list[float], list[float]]:
+    """ImageNet's mean and standard deviation per channel (gray: their averages)."""
+    if channels == 3:
+        return list(IMAGENET_MEAN), list(IMAGENET_STD)
+    return [round(sum(IMAGENET_MEAN) / 3, 4)], [round(sum(IMAGENET_STD) / 3, 4)]
 
 
 def is_image(entry: os.DirEntry) -> bool:
@@ -191,41 +194,6 @@ def collate_files(samples: list[tuple]) -> tuple[torch.Tensor | None, torch.Tens
     return torch.stack(images), torch.tensor(labels), bad
 
 
-def check_image_arguments(
-    batch_size, image_size, channels, crop_scale, mean, std, num_workers, balance, max_image_pixels
-) -> tuple[float, float] | None:
-    check_number("data.batch_size", batch_size, integer=True, minimum=1)
-    check_number("data.max_image_pixels", max_image_pixels, integer=True, minimum=1)
-    if image_size is not None:
-        check_number("data.image_size", image_size, integer=True, minimum=1, maximum=MAX_IMAGE_SIZE)
-    check_number("data.num_workers", num_workers, integer=True, minimum=0)
-    if channels not in (None, 1, 3):
-        raise UserError(f"data.channels={channels!r} is not one of: 1, 3, null (as the images).")
-    if crop_scale is not None and not (
-        isinstance(crop_scale, Sequence)
-        and len(crop_scale) == 2
-        and all(isinstance(v, (int, float)) for v in crop_scale)
-        and 0 < crop_scale[0] <= crop_scale[1] <= 1
-    ):
-        shown = list(crop_scale) if isinstance(crop_scale, Sequence) else crop_scale
-        raise UserError(
-            f"data.crop_scale={shown} is no [low, high] range within (0, 1]: give two fractions of "
-            f"the image, e.g. data.crop_scale=[0.35,1]."
-        )
-    if (mean is None) != (std is None):
-        raise UserError("data.mean and data.std go together: give both or neither.")
-    if std is not None and not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in std
-    ):
-        raise UserError(
-            f"data.std={list(std)}: each value must be a number greater than 0 (images are "
-            f"divided by it). Give the channels' standard deviations, or null to compute them."
-        )
-    if balance not in BALANCES:
-        raise UserError(f"data.balance={balance!r} is not one of: {', '.join(BALANCES)}.")
-    return None if crop_scale is None else tuple(float(v) for v in crop_scale)
-
-
 class ImageDataModule(DataModule):
     """What datamodules of image files share once their files are found. `inspect()`
     sets `class_names`, `channels`, `image_size`, `mean`, `std`, `train_counts` (per class)."""
@@ -263,38 +231,32 @@ class ImageDataModule(DataModule):
 
 
 class ImageFolderDataModule(ImageDataModule):
-    # How messages name the settings (a subclass's command line may name them otherwise).
-    settings = {
-        "root": "data.root={}",
-        "on_bad_file": "data.on_bad_file={}",
-        "image_size": "data.image_size={}",
-    }
+    root_setting = "data.root={}"  # how messages name it (`optimize` names its argument)
 
     def __init__(
         self,
         root: str | None = None,
-        image_size: int | None = None,
-        channels: int | None = None,
-        batch_size: int = 64,
-        val_fraction: float = 0.1,
-        test_fraction: float = 0.1,
+        image_size: ImageSize | None = None,
+        channels: Literal[1, 3] | None = None,
+        batch_size: PositiveInt = 64,
+        val_fraction: Fraction = 0.1,
+        test_fraction: Fraction = 0.1,
         split_seed: int = 0,
-        num_folds: int | None = None,
-        fold: int = 0,
-        crop_scale: tuple[float, float] | None = None,
+        num_folds: Annotated[int, Ge(2)] | None = None,
+        fold: NonNegativeInt = 0,
+        crop_scale: CropScale | None = None,
         horizontal_flip: bool = False,
-        auto_augment: str | None = None,
-        interpolation: str | None = None,
-        mix: str | None = None,
-        mix_alpha: float = 1.0,
+        auto_augment: AutoAugment | None = None,
+        interpolation: Interpolation | None = None,
+        mix: Mix | None = None,
+        mix_alpha: Positive = 1.0,
         mean: list[float] | None = None,
-        std: list[float] | None = None,
-        stats_images: int = 500,
-        num_workers: int = 2,
+        std: list[Positive] | None = None,
+        num_workers: NonNegativeInt = 2,
         pin_memory: bool | None = None,
-        on_bad_file: str = "error",
-        balance: str = "none",
-        max_image_pixels: int = MAX_IMAGE_PIXELS,
+        on_bad_file: Literal["error", "skip"] = "error",
+        balance: Literal["none", "sampler", "loss"] = "none",
+        max_image_pixels: PositiveInt = MAX_IMAGE_PIXELS,
         seed: int | None = 0,
     ) -> None:
         super().__init__()
@@ -303,26 +265,8 @@ class ImageFolderDataModule(ImageDataModule):
                 "data.root is not set: give the folder of your images, data.root=<folder> "
                 "(<folder>/<class>/<image>, or <folder>/train/<class>/<image>)."
             )
-        crop_scale = check_image_arguments(
-            batch_size, image_size, channels, crop_scale, mean, std, num_workers, balance,
-            max_image_pixels,
-        )  # fmt: skip
-        check_number("data.val_fraction", val_fraction)
-        check_number("data.test_fraction", test_fraction)
-        check_folds(num_folds, fold)
-        check_number("data.stats_images", stats_images, integer=True, minimum=1)
-        check_choice("auto_augment", auto_augment, tuple(AUTO_AUGMENTS))
-        check_choice("interpolation", interpolation, INTERPOLATIONS)
         interpolation = interpolation or "bilinear"  # null: a checkpoint's (eval.py), else this
-        check_choice("mix", mix, MIXES)
-        check_number("data.mix_alpha", mix_alpha, above=True)
-        if val_fraction + test_fraction >= 1:
-            raise UserError(
-                f"data.val_fraction={val_fraction} and data.test_fraction={test_fraction} leave "
-                f"no training images: their sum must be below 1."
-            )
-        if on_bad_file not in ("error", "skip"):
-            raise UserError(f"data.on_bad_file={on_bad_file!r} is not one of: error, skip.")
+        crop_scale = None if crop_scale is None else tuple(crop_scale)
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         arguments["root"] = str(Path(root).expanduser().resolve())
         self.save_hyperparameters({"name": "image_folder", **arguments})
@@ -333,7 +277,7 @@ class ImageFolderDataModule(ImageDataModule):
             return
         hp = self.hparams
         root = Path(hp.root)
-        found = scan(root, self.settings["root"].format(root))
+        found = scan(root, self.root_setting.format(root))
         missing = {s: hp[f"{s}_fraction"] for s in ("val", "test") if s not in found}
         self.splits = {**found, **carve(found["train"], missing, hp.split_seed)}
         if hp.num_folds:  # k-fold: the train and val images together are the folds
@@ -342,14 +286,16 @@ class ImageFolderDataModule(ImageDataModule):
             self.splits["train"], self.splits["val"] = fold_files(pool, hp)
         self.class_names = tuple(self.splits["train"])
         self.train_counts = [len(self.splits["train"][c]) for c in self.class_names]
-        self.channels, self.image_size, self.mean, self.std = self._shape_and_stats()
+        self.channels = hp.channels or DEFAULT_CHANNELS
+        self.image_size = hp.image_size or DEFAULT_IMAGE_SIZE
+        self.mean, self.std = default_statistics(self.channels)
         if hp.mean is not None:
             self.mean, self.std = list(hp.mean), list(hp.std)
             if len(self.mean) != self.channels or len(self.std) != self.channels:
                 raise UserError(
                     f"data.mean/data.std have {len(self.mean)}/{len(self.std)} values for "
-                    f"{self.channels}-channel images: give one per channel, or null to compute "
-                    f"them."
+                    f"{self.channels}-channel images: give one per channel, or null for "
+                    f"ImageNet's."
                 )
         sizes = ", ".join(f"{s} {sum(map(len, self.splits[s].values()))}" for s in SPLITS)
         carved = f" ({' and '.join(missing)} carved from train)" if missing else ""
@@ -369,64 +315,6 @@ class ImageFolderDataModule(ImageDataModule):
             )
             for split in ("val", "test")
         }
-
-    def _shape_and_stats(self) -> tuple[int, int, list[float], list[float]]:
-        """Given, cached in `root/.litforge-stats.json`, or from sampled training images."""
-        hp = self.hparams
-        if None not in (hp.channels, hp.image_size, hp.mean):  # all given (e.g. by eval.py)
-            return hp.channels, hp.image_size, hp.mean, hp.std
-        files = [p for c in self.class_names for p in self.splits["train"][c]]
-        files = files[:: max(1, len(files) // hp.stats_images)][: hp.stats_images]
-        digest = hashlib.sha1()  # of the sampled files: other files, other statistics
-        for path in files:
-            stat = path.stat()
-            digest.update(f"{path}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
-        key = {
-            "format": STATS_FORMAT,
-            "sampled_files": digest.hexdigest(),
-            "channels": hp.channels,
-            "image_size": hp.image_size,
-        }
-        cache = Path(hp.root) / STATS_FILE
-        try:
-            stored = json.loads(cache.read_text())
-        except (OSError, ValueError):
-            stored = {}
-        if stored.get("key") != key:
-            stored = self._measure(files, key)
-            partial = cache.with_name(f"{cache.name}.{os.getpid()}.partial")
-            try:
-                partial.write_text(json.dumps(stored, indent=1))
-                partial.replace(cache)  # atomic: processes writing at once leave one whole file
-            except OSError as err:  # a read-only folder costs each run a few hundred decodes
-                partial.unlink(missing_ok=True)
-                log.warning(f"Could not cache image statistics in {cache}: {err}")
-        (low, high), size = stored["shorter_sides"], stored["image_size"]
-        if hp.image_size is None and (low, high) != (size, size):
-            info_on_rank_zero(
-                f"The images have sizes from {low} to {high} px (shorter side): resizing them "
-                f"to {size} px ({self.settings['image_size'].format(size)} sets it)."
-            )
-        return stored["channels"], size, stored["mean"], stored["std"]
-
-    def _measure(self, files: list[Path], key: dict) -> dict:
-        hp = self.hparams
-        decoded = []
-        for path in files:
-            try:
-                decoded.append(decode(path.read_bytes(), hp.channels, hp.max_image_pixels))
-            except (BadImageError, OSError) as err:
-                if hp.on_bad_file == "error":
-                    skip = self.settings["on_bad_file"].format("skip")
-                    raise cannot_decode(f"{path} ({err})", skip) from None
-        if not decoded:
-            raise UserError(f"none of the sampled training images under {hp.root} decodes.")
-        channels = hp.channels or (1 if all(im.shape[0] == 1 for im in decoded) else 3)
-        sides = [min(im.shape[1:]) for im in decoded]
-        size = hp.image_size or min(statistics.median_low(sides), MAX_AUTO_SIZE)
-        mean, std = channel_stats([fit(im.expand(channels, -1, -1), size) for im in decoded])
-        values = {"key": key, "channels": channels, "image_size": size, "mean": mean, "std": std}
-        return {**values, "shorter_sides": [min(sides), max(sides)]}
 
     def setup(self, stage: str | None = None) -> None:
         self.inspect()

@@ -1,24 +1,28 @@
-"""Encoded image files to uint8 tensors (TorchCodec; PIL for what it does not read), the same way
-for every datamodule that reads them; the whole-batch augmentation of data in memory
-(`BatchAugment`). Training's per-image random transforms (torchvision's) are seeded per sample
-by (run seed, epoch, place in the epoch): the same images for any number of workers, and after
-a resume. Batches stay uint8 until the training device (`normalize`): a quarter of the bytes to
-move. No Lightning imports: `optimize`'s worker processes import this module."""
+"""Encoded image files to uint8 tensors, the same way for every datamodule that reads them
+(Pillow reads the header and checks the size; TorchCodec decodes JPEG and PNG, Pillow the other
+formats); the whole-batch augmentation of data in memory (`BatchAugment`). Training's per-image
+random transforms (torchvision's) are seeded per sample by (run seed, epoch, place in the epoch):
+the same images for any number of workers, and after a resume. Batches stay uint8 until the
+training device (`normalize`): a quarter of the bytes to move. No Lightning imports: `optimize`'s
+worker processes import this module."""
 
 import contextlib
 import functools
 import io
-import struct
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated, Literal, get_args
 
 import torch
+from annotated_types import Interval
 
 # What the scan of a folder counts as an image; other files (README.txt, .DS_Store) are ignored.
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 AUTO_AUGMENTS = {"randaugment": "RandAugment", "trivialaugment": "TrivialAugmentWide"}
-INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "nearest-exact")  # torchvision's, for tensors
+Interpolation = Literal["bilinear", "bicubic", "nearest", "nearest-exact"]  # torchvision's
+INTERPOLATIONS = get_args(Interpolation)
+AutoAugment = Literal["randaugment", "trivialaugment"]  # keys of AUTO_AUGMENTS
 # More pixels than this and a file is refused before it is decoded: a few MB of PNG can unpack
 # into gigabytes. Pillow's own limit (`Image.MAX_IMAGE_PIXELS`), about 9,460 x 9,460.
 MAX_IMAGE_PIXELS = 89_478_485
@@ -26,89 +30,60 @@ MAX_IMAGE_PIXELS = 89_478_485
 # of 4096 px is 3 GB as uint8 and 13 GB as float32; larger sizes exhaust memory before anything
 # else is checked.
 MAX_IMAGE_SIZE = 4096
+ImageSize = Annotated[int, Interval(ge=1, le=MAX_IMAGE_SIZE)]
+# A random crop's share of the image: [low, high], within (0, 1].
+CropScale = tuple[Annotated[float, Interval(gt=0, le=1)], Annotated[float, Interval(gt=0, le=1)]]
 
 
 class BadImageError(ValueError):
-    """The bytes are no image that TorchCodec or PIL can decode."""
+    """The bytes are no image that Pillow and TorchCodec can decode."""
 
 
-def decode(data: bytes, channels: int | None, max_pixels: int = MAX_IMAGE_PIXELS) -> torch.Tensor:
-    """uint8 C×H×W; `channels` 1 or 3 converts, None keeps what the file has (alpha dropped).
-    BadImageError for bytes that are no image, or an image of more than `max_pixels` pixels."""
-    check_header(data, max_pixels)
-    if data[:4] == b"GIF8":  # TorchCodec decodes every frame (a small file, many pixels)
-        image = _decode_with_pil(data, channels)
-    else:
-        try:
-            image = _decode_with_torchcodec(data, channels)
-        except (RuntimeError, ValueError):  # a format it does not read (BMP, TIFF), broken bytes
-            image = _decode_with_pil(data, channels)
-    if image.shape[0] in (2, 4):  # gray or color with alpha
-        image = image[: image.shape[0] - 1]
-    return image
-
-
-def header_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) from the file's header, nothing decoded; None for a format Pillow does not
-    know (TorchCodec may). PNG's is read directly: ~1 us against Pillow's ~12."""
-    if data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR" and len(data) >= 24:
-        return struct.unpack(">II", data[16:24])  # IHDR is always the first chunk
+def image_size(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> tuple[int, int]:
+    """(width, height) from the file's header, nothing decoded. BadImageError for bytes that are
+    no image Pillow knows, or an image of more than `max_pixels` pixels."""
     from PIL import Image
 
+    if not data:
+        raise BadImageError("an empty file (0 bytes)")
+    if Image.MAX_IMAGE_PIXELS is not None and max_pixels > Image.MAX_IMAGE_PIXELS:
+        Image.MAX_IMAGE_PIXELS = max_pixels  # (Pillow refuses twice its own limit on opening)
     try:
         with warnings.catch_warnings():  # what it warns of is checked against our own limit
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as image:
-                return image.size
-    except Image.DecompressionBombError as err:  # Pillow refuses twice its limit on opening
+                width, height = image.size
+    except Image.DecompressionBombError as err:
         raise BadImageError(str(err).split(",")[0]) from None
-    except Exception:  # not a format Pillow knows, or broken: decoding says which
-        return None
-
-
-def check_header(data: bytes, max_pixels: int) -> None:
-    """BadImageError for an empty file, or one whose header announces more than `max_pixels`
-    pixels: what is refused before decoding."""
-    if not data:
-        raise BadImageError("an empty file (0 bytes)")
-    _pillow_allows(max_pixels)
-    if (size := header_size(data)) and size[0] * size[1] > max_pixels:
+    except Exception:  # Pillow raises many types for bytes it cannot read
+        raise BadImageError("not an image Pillow can read") from None
+    if width * height > max_pixels:
         raise BadImageError(
-            f"{size[0]}x{size[1]} pixels, more than the {max_pixels:,} that max_image_pixels "
+            f"{width}x{height} pixels, more than the {max_pixels:,} that max_image_pixels "
             f"allows: not decoded"
         )
+    return width, height
 
 
-@functools.cache
-def _pillow_allows(max_pixels: int) -> None:
-    """Pillow refuses to open images of twice its own limit (`Image.MAX_IMAGE_PIXELS`): a higher
-    `max_pixels` raises that limit too (it is checked first, here)."""
+def decode(data: bytes, channels: int, max_pixels: int = MAX_IMAGE_PIXELS) -> torch.Tensor:
+    """uint8 `channels`×H×W (1: grayscale, 3: RGB; alpha dropped). BadImageError for bytes that
+    are no image, or an image of more than `max_pixels` pixels (`image_size`)."""
     from PIL import Image
-
-    if Image.MAX_IMAGE_PIXELS is not None and max_pixels > Image.MAX_IMAGE_PIXELS:
-        Image.MAX_IMAGE_PIXELS = max_pixels
-
-
-def _decode_with_torchcodec(data: bytes, channels: int | None) -> torch.Tensor:
     from torchcodec.decoders import ImageReadMode, decode_image
 
-    modes = {1: ImageReadMode.GRAY, 3: ImageReadMode.RGB, None: ImageReadMode.UNCHANGED}
-    encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    return decode_image(encoded, mode=modes[channels])
-
-
-def _decode_with_pil(data: bytes, channels: int | None) -> torch.Tensor:
-    from PIL import Image
+    image_size(data, max_pixels)
+    if data[:3] == b"\xff\xd8\xff" or data[:8] == b"\x89PNG\r\n\x1a\n":  # JPEG, PNG: faster
+        mode = ImageReadMode.GRAY if channels == 1 else ImageReadMode.RGB
+        try:
+            return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=mode)
+        except (RuntimeError, ValueError) as err:  # broken after the header
+            raise BadImageError(str(err).splitlines()[0] or type(err).__name__) from None
     from torchvision.transforms.v2.functional import pil_to_tensor
 
-    try:
-        with Image.open(io.BytesIO(data)) as opened:
-            if channels is None:
-                channels = 1 if opened.mode in ("1", "L", "LA", "I", "I;16", "F") else 3
-            return pil_to_tensor(opened.convert("L" if channels == 1 else "RGB"))
-    except Image.UnidentifiedImageError:
-        raise BadImageError("not an image TorchCodec or PIL can read") from None
-    except Exception as err:  # PIL raises many types for broken files; each means "not an image"
+    try:  # the first frame of a GIF (TorchCodec would decode all of them)
+        with Image.open(io.BytesIO(data)) as image:
+            return pil_to_tensor(image.convert("L" if channels == 1 else "RGB"))
+    except Exception as err:  # Pillow raises many types for broken files
         raise BadImageError(str(err) or type(err).__name__) from None
 
 
@@ -180,12 +155,6 @@ def seeded(*key: int):
 def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
     scaled = images.to(torch.float32, copy=True).div_(255)  # (one new tensor: the input stays)
     return scaled.sub_(mean.view(1, -1, 1, 1)).div_(std.view(1, -1, 1, 1))
-
-
-def channel_stats(images: list[torch.Tensor]) -> tuple[list[float], list[float]]:
-    pixels = torch.cat([image.flatten(1) for image in images], dim=1).double() / 255
-    std = pixels.std(dim=1).clamp_min(1e-3)  # a blank channel must not divide by zero
-    return [round(v, 4) for v in pixels.mean(dim=1).tolist()], [round(v, 4) for v in std.tolist()]
 
 
 class BatchAugment:

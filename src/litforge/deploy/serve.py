@@ -44,7 +44,7 @@ from omegaconf import DictConfig
 from starlette.concurrency import run_in_threadpool
 
 from litforge.console import CONFIG_TREE, print_config
-from litforge.data.images import BadImageError, check_header, header_size
+from litforge.data.images import BadImageError, image_size
 from litforge.deploy.inference import InputContract, load_classifier, model_source, top_k
 from litforge.errors import UserError, number_problem
 
@@ -131,10 +131,8 @@ async def prepare_within(
     budget: DecodeBudget, contract: InputContract, data: bytes, max_pixels: int
 ) -> np.ndarray:
     """`data` prepared as the model's input on a thread, once `budget` has room for its pixels."""
-    check_header(data, max_pixels)  # an image over the limit is refused before it waits
-    size = header_size(data)
-    # No size in the header (a format Pillow does not know): charged the most an image may have.
-    granted = await budget.acquire(size[0] * size[1] if size else max_pixels)
+    width, height = image_size(data, max_pixels)  # over the limit: refused before it waits
+    granted = await budget.acquire(width * height)
     decoding = asyncio.ensure_future(run_in_threadpool(_prepared_array, contract, data, max_pixels))
 
     def done(task: asyncio.Future) -> None:

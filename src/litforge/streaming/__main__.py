@@ -42,8 +42,12 @@ def main(argv: list[str] | None = None) -> int:
         help="files: the image files' bytes (compact); pixels: decoded, at --image-size "
         "(no decoding when training, more disk)",
     )
-    optimize_parser.add_argument("--image-size", type=int, help="pixels: default as the images")
-    optimize_parser.add_argument("--channels", type=int, choices=(1, 3))
+    optimize_parser.add_argument(
+        "--image-size", type=int, help="what training resizes to (default 224; pixels: stored so)"
+    )
+    optimize_parser.add_argument(
+        "--channels", type=int, choices=(1, 3), help="what images are converted to (default 3)"
+    )
     optimize_parser.add_argument(
         "--max-image-pixels",
         type=int,

@@ -27,25 +27,23 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
+from typing import Literal
 
 import torch
 
-from litforge.data.base import MIXES, check_choice
-from litforge.data.image_folder import (
-    SPLITS,
-    ImageDataModule,
-    ImageFolderDataModule,
-    cannot_decode,
-    check_image_arguments,
-)
+from litforge.data.base import Mix
+from litforge.data.image_folder import SPLITS, ImageDataModule, ImageFolderDataModule, cannot_decode
 from litforge.data.images import (
-    AUTO_AUGMENTS,
-    INTERPOLATIONS,
     MAX_IMAGE_PIXELS,
     MAX_IMAGE_SIZE,
+    AutoAugment,
+    CropScale,
+    ImageSize,
+    Interpolation,
     SampleTransform,
 )
-from litforge.errors import UserError, check_number, number_problem
+from litforge.errors import UserError, number_problem
+from litforge.settings import NonNegativeInt, Positive, PositiveInt
 from litforge.streaming.samples import shard_sample
 
 log = logging.getLogger(__name__)
@@ -56,12 +54,6 @@ META_FORMAT = 1
 # epoch), or its decoded pixels at the size it was optimized for (no decoding when training: for
 # a 224×224 JPEG ~10× the bytes; the random crops can only cut into that size).
 STORES = ("files", "pixels")
-# How the image folder's messages name the settings: as this command's arguments.
-OPTIMIZE_SETTINGS = {
-    "root": "the source folder {}",
-    "on_bad_file": "--on-bad-file {}",
-    "image_size": "--image-size {}",
-}
 
 
 def import_litdata():
@@ -144,7 +136,7 @@ def optimize_folder(
     max_image_pixels: int = MAX_IMAGE_PIXELS,
 ) -> None:
     """Write the image folder `source` as streaming shards into `output` (see the module doc).
-    `store="pixels"`: decoded uint8 pixels, fitted to `image_size` (default: as the images),
+    `store="pixels"`: decoded uint8 pixels, fitted to `image_size` (default 224),
     instead of the files' bytes: no decoding when training, for more disk (see STORES)."""
     litdata = import_litdata()
     if store not in STORES:
@@ -175,7 +167,7 @@ def optimize_folder(
         channels=channels,
         max_image_pixels=max_image_pixels,
     )
-    folder.settings = OPTIMIZE_SETTINGS  # its messages name this command's arguments
+    folder.root_setting = "the source folder {}"  # as its messages name it
     local = not is_url(output)
     if local:
         out = Path(output).expanduser()
@@ -284,35 +276,28 @@ class StreamingDataModule(ImageDataModule):
     def __init__(
         self,
         input_dir: str,
-        image_size: int | None = None,
-        channels: int | None = None,
-        batch_size: int = 64,
-        crop_scale: tuple[float, float] | None = None,
+        image_size: ImageSize | None = None,
+        channels: Literal[1, 3] | None = None,
+        batch_size: PositiveInt = 64,
+        crop_scale: CropScale | None = None,
         horizontal_flip: bool = False,
-        auto_augment: str | None = None,
-        interpolation: str | None = None,
-        mix: str | None = None,
-        mix_alpha: float = 1.0,
+        auto_augment: AutoAugment | None = None,
+        interpolation: Interpolation | None = None,
+        mix: Mix | None = None,
+        mix_alpha: Positive = 1.0,
         mean: list[float] | None = None,
-        std: list[float] | None = None,
-        num_workers: int = 2,
+        std: list[Positive] | None = None,
+        num_workers: NonNegativeInt = 2,
         pin_memory: bool | None = None,
         cache_dir: str | None = None,
         max_cache_size: str = "50GB",
-        balance: str = "none",
-        max_image_pixels: int = MAX_IMAGE_PIXELS,
+        balance: Literal["none", "sampler", "loss"] = "none",
+        max_image_pixels: PositiveInt = MAX_IMAGE_PIXELS,
         seed: int | None = 0,
     ) -> None:
         super().__init__()
-        crop_scale = check_image_arguments(
-            batch_size, image_size, channels, crop_scale, mean, std, num_workers, balance,
-            max_image_pixels,
-        )  # fmt: skip
-        check_choice("auto_augment", auto_augment, tuple(AUTO_AUGMENTS))
-        check_choice("interpolation", interpolation, INTERPOLATIONS)
         interpolation = interpolation or "bilinear"  # null: a checkpoint's (eval.py), else this
-        check_choice("mix", mix, MIXES)
-        check_number("mix_alpha", mix_alpha, above=True)
+        crop_scale = None if crop_scale is None else tuple(crop_scale)
         if balance == "sampler":
             raise UserError(
                 "balance=sampler needs random access to every sample, which streaming shards "

@@ -7,7 +7,7 @@ import io
 import os
 from pathlib import Path
 
-from litforge.data.images import MAX_IMAGE_PIXELS, BadImageError, check_header, decode, fit
+from litforge.data.images import MAX_IMAGE_PIXELS, BadImageError, decode, fit, image_size
 
 
 def check_decodes(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> None:
@@ -15,12 +15,12 @@ def check_decodes(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> None:
     torchvision's time, which counts in every worker process of `optimize`."""
     from PIL import Image
 
-    check_header(data, max_pixels)  # before anything is decoded
+    image_size(data, max_pixels)  # before anything is decoded
     try:
         with Image.open(io.BytesIO(data)) as image:
             image.load()
-    except Exception:  # PIL raises many types; torchvision may still know the format (AVIF)
-        decode(data, None, max_pixels)
+    except Exception as err:  # Pillow raises many types for broken files
+        raise BadImageError(str(err) or type(err).__name__) from None
 
 
 def shard_sample(

@@ -1,0 +1,178 @@
+"""Each setting's type and bounds are the annotation of the constructor argument that takes it,
+bounds in annotated-types' form: `batch_size: Annotated[int, Gt(0)]`. `check_targets` checks the
+values a config gives each class it names (`_target_`) against those annotations, before anything
+is built: one line naming the key (`data.batch_size=0: must be > 0`), or an argument the class
+does not take. A class of your own is checked the same way: annotate its constructor."""
+
+import difflib
+import functools
+import inspect
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal
+
+import annotated_types as at
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from litforge.errors import UserError
+
+# The bounds settings share.
+PositiveInt = Annotated[int, at.Gt(0)]
+NonNegativeInt = Annotated[int, at.Ge(0)]
+Positive = Annotated[float, at.Gt(0)]
+NonNegative = Annotated[float, at.Ge(0)]
+Fraction = Annotated[float, at.Interval(ge=0, lt=1)]  # a share of something: 0 up to, not 1
+
+BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+
+
+def bound_problem(value: Any, constraint: Any) -> str | None:
+    """What `value` breaks of one annotated-types constraint (Gt, Ge, Lt, Le, Interval, Len)."""
+    for name, sign in BOUNDS.items():
+        limit = getattr(constraint, name, None)
+        if limit is None:
+            continue
+        if not {"gt": value > limit, "ge": value >= limit}.get(name, True):
+            return f"must be {sign} {limit}"
+        if not {"lt": value < limit, "le": value <= limit}.get(name, True):
+            return f"must be {sign} {limit}"
+    low = getattr(constraint, "min_length", None)
+    if low is not None and len(value) < low:
+        return f"must hold at least {low} value{'s' * (low != 1)}"
+    high = getattr(constraint, "max_length", None)
+    if high is not None and len(value) > high:
+        return f"must hold at most {high} values"
+    return None
+
+
+def problem(value: Any, annotation: Any) -> str | None:
+    """What is wrong with `value` for a parameter annotated `annotation`, or None."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        nullable = type(None) in options
+        if value is None and nullable:
+            return None
+        options = [option for option in options if option is not type(None)]
+        for option in options:  # the first whose type fits: its bounds
+            if type_problem(value, *unpacked(option)[:3], shallow=True) is None:
+                return problem(value, option)
+        return problem(value, options[0]) + (", or null" if nullable else "")
+    annotation, origin, args, constraints = unpacked(annotation)
+    found = type_problem(value, annotation, origin, args)
+    for constraint in constraints:
+        found = found or bound_problem(value, constraint)
+    return found
+
+
+def unpacked(annotation: Any) -> tuple[Any, Any, tuple, list]:
+    """(type, its origin, its arguments, annotated-types constraints) of an annotation."""
+    constraints = []
+    if typing.get_origin(annotation) is Annotated:
+        annotation, *constraints = typing.get_args(annotation)
+    return annotation, typing.get_origin(annotation), typing.get_args(annotation), constraints
+
+
+def type_problem(
+    value: Any, annotation: Any, origin: Any, args: tuple, shallow: bool = False
+) -> str | None:
+    """What is wrong with `value`'s type (`shallow`: a list's items unchecked), or None."""
+    if annotation is Any or annotation is inspect.Parameter.empty:
+        return None
+    if origin is Literal:
+        if value in args and type(value) in {type(a) for a in args}:
+            return None
+        return f"must be one of: {', '.join(map(str, args))}"
+    if annotation is bool:
+        return None if isinstance(value, bool) else "must be true or false"
+    if annotation is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        return None if ok else "must be an integer"
+    if annotation is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return None if ok else "must be a number"
+    if annotation is str:
+        return None if isinstance(value, str) else "must be a string"
+    if origin in (list, tuple, Sequence, typing.Sequence):
+        fixed = origin is tuple and args and args[-1] is not Ellipsis
+        if not isinstance(value, (list, tuple)) or (fixed and len(value) != len(args)):
+            return f"must be a list of {len(args)} values" if fixed else "must be a list"
+        if shallow:
+            return None
+        if fixed:
+            items = zip(value, args, strict=True)
+        else:
+            items = ((item, args[0] if args else Any) for item in value)
+        for item, arg in items:
+            if found := problem(item, arg):
+                return f"each value {found}"
+    return None
+
+
+@functools.cache
+def parameters(target: str) -> tuple[dict[str, inspect.Parameter], bool]:
+    """The constructor parameters of the class (or function) `target` names, with their
+    annotations, and whether it takes other keyword arguments too. A constructor's `**kwargs`
+    passed on to its base class's: the base's parameters count too."""
+    from hydra.utils import get_object
+
+    obj = get_object(target)
+    if isinstance(obj, type):
+        functions = [c.__init__ for c in obj.__mro__ if "__init__" in vars(c)]
+    else:
+        functions = [obj]
+    named: dict[str, inspect.Parameter] = {}
+    for function in functions:
+        try:
+            signature = inspect.signature(function)
+            hints = typing.get_type_hints(function, include_extras=True)
+        except Exception:  # no signature, or annotations that do not evaluate: left unchecked
+            return named, True
+        given = list(signature.parameters.values())[isinstance(obj, type) :]  # (not `self`)
+        for p in given:
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                named.setdefault(p.name, p.replace(annotation=hints.get(p.name, p.annotation)))
+        if not any(p.kind == p.VAR_KEYWORD for p in given):
+            return named, False
+    return named, True
+
+
+def check_targets(node: Any, key: str) -> None:
+    """Check every value `node` (a config) and the configs inside it give the class their
+    `_target_` names against its constructor's annotations; a UserError names the first."""
+    if isinstance(node, ListConfig):
+        for i, item in enumerate(node):
+            check_targets(item, f"{key}[{i}]")
+        return
+    if not isinstance(node, DictConfig):
+        return
+    target = node.get("_target_") if not OmegaConf.is_missing(node, "_target_") else None
+    named, open_ended = parameters(target) if isinstance(target, str) else ({}, True)
+    for name in node:
+        child = f"{key}.{name}" if key else str(name)
+        if OmegaConf.is_missing(node, name) or str(name).startswith("_"):
+            continue
+        value = node[name]
+        if isinstance(value, (DictConfig, ListConfig)):
+            check_targets(value, child)
+            if "_target_" in value if isinstance(value, DictConfig) else False:
+                continue
+            value = OmegaConf.to_container(value, resolve=True)
+        if target is None:
+            continue
+        if name not in named:
+            if open_ended:
+                continue
+            near = difflib.get_close_matches(str(name), named, n=1)
+            hint = f" (did you mean {key}.{near[0]}?)" if near else ""
+            raise UserError(f"{child}: {target} takes no argument {name}{hint}.")
+        if found := problem(value, named[name].annotation):
+            raise UserError(f"{child}={format_value(value)}: {found}.")
+
+
+def format_value(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "{...}"
+    if isinstance(value, (list, tuple)):
+        return f"[{','.join(map(format_value, value))}]"
+    return "null" if value is None else str(value)
