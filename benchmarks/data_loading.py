@@ -92,11 +92,12 @@ def fashion_mnist_folder(data_dir: Path) -> Path:
     return folder
 
 
-def shards_of(folder: Path, store: str) -> Path:
+def shards_of(folder: Path, store: str, size: int, channels: int) -> Path:
     shards = folder.with_name(f"{folder.name}_shards" + ("" if store == "files" else f"_{store}"))
     if not (shards / "litforge.json").is_file():
-        split = ["--val-fraction", "0", "--test-fraction", "0"]
-        run(["optimize", str(folder), str(shards), *split, "--store", store], "litforge.streaming")
+        split = ["--val-fraction", "0", "--test-fraction", "0", "--store", store]
+        split += ["--image-size", str(size), "--channels", str(channels)]
+        run(["optimize", str(folder), str(shards), *split], "litforge.streaming")
     return shards
 
 
@@ -192,11 +193,12 @@ def main() -> None:
 
     args.data_dir.mkdir(parents=True, exist_ok=True)
     workloads = [
-        ("Fashion-MNIST PNGs, 1×28×28", fashion_mnist_folder(args.data_dir), 28),
+        ("Fashion-MNIST PNGs, 1×28×28", fashion_mnist_folder(args.data_dir), 28, 1),
         (
             f"{args.jpegs} JPEGs, 3×224×224",
             write_jpegs(args.data_dir / f"jpeg224_{args.jpegs}", args.jpegs),
             224,
+            3,
         ),
     ]
     print(
@@ -210,14 +212,16 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     if StreamingDataModule is None:
         print(f"# (c), (d) skipped: no streaming here ({no_streaming})", flush=True)
-    for name, folder, size in workloads:
+    for name, folder, size, channels in workloads:
         if StreamingDataModule is not None:
-            shards, pixels = shards_of(folder, "files"), shards_of(folder, "pixels")
+            shards = shards_of(folder, "files", size, channels)
+            pixels = shards_of(folder, "pixels", size, channels)
         for workers in args.workers:
             settings = {"batch_size": BATCH, "num_workers": workers}
             image_folder = ImageFolderDataModule(
-                root=str(folder), val_fraction=0, test_fraction=0, **settings
-            )
+                root=str(folder), val_fraction=0, test_fraction=0, image_size=size,
+                channels=channels, **settings
+            )  # fmt: skip
             image_folder.inspect()
             rate_b = images_per_second(*datamodule_batches(image_folder), args.passes)
             rate_c = rate_d = None

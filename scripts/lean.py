@@ -750,6 +750,10 @@ def build(root: Path, dest: Path, keep: list[str]) -> dict:
     gone = [features[name] for name in features if name in dropped]
 
     def is_gone(path: str) -> bool:
+        if re.fullmatch(r"conf/\.schemas/.+\.json", path) and is_gone(  # (with its option file)
+            f"conf/{path.removeprefix('conf/.schemas/').removesuffix('.json')}.yaml"
+        ):
+            return True
         return any(f.owns(path) or f.owns(path + "/") for f in gone)
 
     python = {}  # the kept Python files' new text; a module the markers emptied goes too

@@ -108,7 +108,7 @@ def test_a_config_mistake_leaves_no_run_folder(tmp_path, script):
     args = ["seed=abc", f"hydra.run.dir={run_dir}"]
     result = run_in_process(script, *args, *(["ckpt_path=x.ckpt"] if script == "eval.py" else []))
     assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1].startswith("error: seed='abc' is not a number")
+    assert result.stderr.strip().splitlines()[-1].startswith("error: seed=abc: must be an integer")
     assert "Config:" not in result.stdout, "checks come before the summary"
     assert not run_dir.exists()
     assert (tmp_path / "runs").is_dir(), "only the run's own folder goes"

@@ -60,7 +60,6 @@ def test_eval_without_checkpoint_says_what_to_add(tmp_path):
         ("model=resnet", "Could not find 'model/resnet'"),
         ("trainer.max_epoch=3", "Could not override 'trainer.max_epoch'"),
         ("+trainer.max_epoch=3", "unexpected keyword argument 'max_epoch'"),
-        ("model.net.dropout=1.5", "dropout probability has to be between 0 and 1, but got 1.5"),
     ],
 )
 def test_hydra_and_omegaconf_mistakes_are_shown_as_hydra_shows_them(tmp_path, override, words):
@@ -76,11 +75,14 @@ def test_hydra_and_omegaconf_mistakes_are_shown_as_hydra_shows_them(tmp_path, ov
 @pytest.mark.slow
 def test_a_user_error_in_a_constructor_is_one_line(tmp_path):
     # The network's constructor refuses it, inside the module's, inside Hydra's instantiate.
-    overrides = ["model=cnn", "model.net.activation=tanh", f"hydra.run.dir={tmp_path / 'run'}"]
+    overrides = ["model=cnn", "model.net.channels=[8,8,8,8,8]", f"hydra.run.dir={tmp_path / 'run'}"]
     result = run_in_process("train.py", *overrides)
     assert result.returncode == 1
     errors = [text for text in result.stderr.splitlines() if text.strip()]
-    assert errors[-1] == "error: activation=tanh: choose one of relu, gelu, silu.", result.stderr
+    assert errors[-1] == (
+        "error: 5 pooling blocks shrink 28×28 images to nothing: use fewer entries in "
+        "model.net.channels."
+    ), result.stderr
     # nothing else from Hydra: no traceback, no "Error executing job", no HYDRA_FULL_ERROR hint
     assert not any(word in result.stderr for word in ("Traceback", "Error executing", "HYDRA_"))
     assert not (tmp_path / "run").exists()
@@ -113,26 +115,32 @@ def test_hydra_full_error_still_shows_the_traceback(tmp_path):
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("model.optimizer.lr=0", "model.optimizer.lr=0 is out of range: expected a number greater"),
-        ("model.optimizer.lr=-0.1", "model.optimizer.lr=-0.1 is out of range"),
-        ("model.optimizer.lr=fast", "model.optimizer.lr='fast' is not a number"),
-        ("model.optimizer.weight_decay=-1", "model.optimizer.weight_decay=-1 is out of range"),
-        ("model.label_smoothing=1.0", "model.label_smoothing=1.0 is out of range: expected below"),
-        ("+model.backbone_lr_scale=-1", "model.backbone_lr_scale=-1 is out of range"),
+        ("model.optimizer.lr=0", "model.optimizer.lr=0: must be > 0."),
+        ("model.optimizer.lr=-0.1", "model.optimizer.lr=-0.1: must be > 0."),
+        ("model.optimizer.lr=fast", "model.optimizer.lr=fast: must be a number."),
+        ("model.optimizer.weight_decay=-1", "model.optimizer.weight_decay=-1: must be >= 0."),
+        ("model.label_smoothing=1.0", "model.label_smoothing=1.0: must be < 1."),
+        ("+model.backbone_lr_scale=-1", "model.backbone_lr_scale=-1: must be >= 0."),
         ("data.batch_size=0", "data.batch_size=0: must be > 0."),
         ("data.batch_size=64.5", "data.batch_size=64.5: must be an integer."),
         ("data.batch_size=1e9", "data.batch_size=1000000000.0: must be an integer."),
-        ("seed=abc", "seed='abc' is not a number: expected an integer at least 0. Set seed=..."),
+        ("seed=abc", "seed=abc: must be an integer, or null."),
         ("trainer.max_epochs=0", "trainer.max_epochs=0 trains nothing: set 1 or more (-1: no"),
         ("data.val_size=-5", "data.val_size=-5: must be >= 0."),
         ("data.val_size=60000", "data.val_size=60000 must be below the 60000 training images"),
         ("+data.bach_size=8", "data.bach_size: litforge.data.fashion_mnist.FashionMNISTData"),
         ("data.download=maybe", "data.download=maybe: must be true or false."),
-        ("trainer.max_epochs=ten", "trainer.max_epochs='ten' is not a number"),
-        ("optimized_metric_mode=maximum", "optimized_metric_mode=maximum is neither max nor min"),
-        ("trainer.gradient_clip_val=-1", "trainer.gradient_clip_val=-1 is out of range: expected"),
-        ("model.compile=maybe", "model.compile='maybe' is not a boolean: set model.compile=true"),
-        ("test=1", "test=1 is not a boolean: set test=true or test=false."),
+        ("trainer.max_epochs=ten", "trainer.max_epochs=ten: must be an integer, or null."),
+        ("optimized_metric_mode=maximum", "optimized_metric_mode=maximum: must be one of: max,"),
+        ("trainer.gradient_clip_val=-1", "trainer.gradient_clip_val=-1: must be >= 0."),
+        ("model.compile=maybe", "model.compile=maybe: must be true or false."),
+        ("test=1", "test=1: must be true or false."),
+        ("model=cnn model.net.channels=[]", "model.net.channels=[]: must hold at least 1 value."),
+        ("model=cnn model.net.hidden_size=0", "model.net.hidden_size=0: must be > 0."),
+        ("model=cnn model.net.activation=tanh", "model.net.activation=tanh: must be one of: relu"),
+        ("model.net.hidden_sizes=[256,0]", "model.net.hidden_sizes=[256,0]: each value must be >"),
+        ("+model.net.hiden_sizes=[8]", "(did you mean model.net.hidden_sizes?)"),
+        ("model.net.dropout=1", "model.net.dropout=1: must be < 1."),
         ("trainer.accelerator=tpu", "trainer.accelerator=tpu, but this machine has no tpu"),
         ("trainer.accelerator=quantum", "trainer.accelerator=quantum is not one of: auto, cpu,"),
         ("data=image_folder", "data.root is not set: give the folder of your images, data.root="),
@@ -157,10 +165,7 @@ def test_bad_config_values_are_refused_before_reading_data(tmp_path, override, m
 def test_bad_value_from_the_cli_is_one_line(tmp_path):
     result = run_in_process("train.py", "model.optimizer.lr=0", f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1] == (
-        "error: model.optimizer.lr=0 is out of range: expected a number greater than 0. "
-        "Set model.optimizer.lr=..."
-    )
+    assert result.stderr.strip().splitlines()[-1] == ("error: model.optimizer.lr=0: must be > 0.")
 
 
 @pytest.mark.parametrize("accelerator", ["cpu", "auto"])
@@ -397,32 +402,6 @@ def test_a_data_folder_left_unset_is_one_line(tmp_path):
         "(<folder>/<class>/<image>, or <folder>/train/<class>/<image>)."
     )
     assert not (tmp_path / "run").exists()
-
-
-@pytest.mark.parametrize(
-    ("settings", "message"),
-    [
-        ({"channels": []}, "model.net.channels=[] gives no convolution blocks: give one or more"),
-        ({"channels": [32, 0]}, "model.net.channels=[32, 0]: each entry is a number of output"),
-        ({"hidden_size": 0}, "model.net.hidden_size=0 is out of range: expected an integer at"),
-        ({"kernel_size": 0}, "model.net.kernel_size=0 is out of range"),
-        ({"pool_size": 0}, "model.net.pool_size=0 is out of range"),
-        ({"convs_per_block": 0}, "model.net.convs_per_block=0 is out of range"),
-    ],
-)
-def test_a_cnn_that_cannot_learn_is_refused(settings, message):
-    from litforge.models.cnn import CNN
-
-    with pytest.raises(UserError, match=re.escape(message)):
-        CNN((3, 32, 32), 10, **settings)
-
-
-def test_an_mlp_layer_of_no_units_is_refused():
-    from litforge.models.mlp import MLP
-
-    with pytest.raises(UserError, match=re.escape("model.net.hidden_sizes=[256, 0]: each entry")):
-        MLP((1, 28, 28), 10, hidden_sizes=[256, 0])
-    MLP((1, 28, 28), 10, hidden_sizes=[])  # no hidden layer: a linear classifier
 
 
 @pytest.mark.slow  # (a subprocess: DDP's processes would start from it)

@@ -1,53 +1,57 @@
-"""Config checks, named by their config keys, before any data is read or process launched: the
-values no constructor checks (a datamodule checks its own `data.*` settings, once)."""
+"""Config checks, named by their config keys, before any data is read or process launched: each
+value of `data` and `model` against the annotation of the constructor that takes it
+(`settings.check_targets`), the settings no constructor of ours takes (`OTHERS`), and the
+settings that cannot work together (`check_data`, `check_strategy`, ...)."""
+
+from typing import Annotated, Literal
 
 import torch
+from annotated_types import Ge
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
-from litforge.errors import UserError, number_problem
-from litforge.settings import check_targets
+from litforge.errors import UserError
+from litforge.settings import (
+    NonNegative,
+    NonNegativeInt,
+    Positive,
+    PositiveInt,
+    check_targets,
+    format_value,
+    problem,
+)
 
-NUMBERS = {  # key: what `number_problem` checks it for
-    "seed": {"integer": True},
-    "model.optimizer.lr": {"above": True},
-    "model.optimizer.weight_decay": {},
-    "model.label_smoothing": {},
-    "model.backbone_lr_scale": {},
-    "trainer.max_epochs": {"integer": True, "minimum": -1},
-    "trainer.accumulate_grad_batches": {"integer": True, "minimum": 1},
-    "trainer.gradient_clip_val": {},
+# Settings no constructor of ours takes (the run's own, torch's optimizers', Lightning's Trainer's):
+# their types and bounds, as ours are in our constructors' annotations (settings.py).
+OTHERS = {
+    "seed": NonNegativeInt | None,
+    "train": bool,
+    "test": bool,
+    "optimized_metric_mode": Literal["max", "min"],
+    "model.optimizer.lr": Positive,
+    "model.optimizer.weight_decay": NonNegative,
+    "trainer.max_epochs": Annotated[int, Ge(-1)] | None,
+    "trainer.accumulate_grad_batches": PositiveInt,
+    "trainer.gradient_clip_val": NonNegative | None,
+    "trainer.float32_matmul_precision": Literal["highest", "high", "medium"] | None,
 }
-# Keys that must be true or false: any other value (`maybe`, 1) would be taken as its truth.
-BOOLEANS = ("train", "test", "model.compile", "model.channels_last")
 # What `trainer.accelerator` may be: Lightning's names (`gpu`: CUDA or Apple's MPS).
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 
 
 def check_config(cfg: DictConfig, needs_checkpoint: bool = False) -> None:
     """Raise a UserError naming the first config value that cannot work."""
-    for key, bounds in NUMBERS.items():
+    for key, annotation in OTHERS.items():
         value = OmegaConf.select(cfg, key, default=None)
-        if value is not None and (problem := number_problem(key, value, **bounds)):
-            raise UserError(f"{problem} Set {key}=...")
-    for key in BOOLEANS:
-        value = OmegaConf.select(cfg, key, default=None)
-        if value is not None and not isinstance(value, bool):
-            raise UserError(f"{key}={value!r} is not a boolean: set {key}=true or {key}=false.")
+        if value is not None and (found := problem(value, annotation)):
+            raise UserError(f"{key}={format_value(value)}: {found}.")
+    for group in ("data", "model"):
+        if group in cfg:  # each value against its constructor's annotation
+            check_targets(cfg[group], group)
     if cfg.get("train") and OmegaConf.select(cfg, "trainer.max_epochs") == 0:
         raise UserError(
             "trainer.max_epochs=0 trains nothing: set 1 or more (-1: no limit). To test a "
             "checkpoint without training: train=false ckpt_path=<checkpoint>, or eval.py."
-        )
-    if (OmegaConf.select(cfg, "model.label_smoothing") or 0) >= 1:
-        raise UserError(
-            f"model.label_smoothing={cfg.model.label_smoothing} is out of range: expected "
-            f"below 1 (0.1 is usual)."
-        )
-    if cfg.get("optimized_metric_mode", "max") not in ("max", "min"):
-        raise UserError(
-            f"optimized_metric_mode={cfg.optimized_metric_mode} is neither max nor min. "
-            f"Set optimized_metric_mode=max (higher is better) or min."
         )
     if needs_checkpoint and not cfg.get("ckpt_path"):
         raise UserError(
@@ -58,7 +62,6 @@ def check_config(cfg: DictConfig, needs_checkpoint: bool = False) -> None:
     check_strategy(cfg)
     check_precision(cfg)
     if "data" in cfg:
-        check_targets(cfg.data, "data")  # each value against its constructor's annotation
         check_data(cfg.data)
 
 
@@ -151,11 +154,6 @@ def check_strategy(cfg: DictConfig) -> None:
 def check_precision(cfg: DictConfig) -> None:
     """A matmul precision torch does not know; bfloat16 on a GPU without bfloat16 units."""
     trainer = cfg.trainer
-    matmul = trainer.get("float32_matmul_precision")
-    if matmul is not None and matmul not in ("highest", "high", "medium"):
-        raise UserError(
-            f"trainer.float32_matmul_precision={matmul} is not one of: highest, high, medium, null."
-        )
     bf16 = str(trainer.get("precision")).startswith("bf16")
     on_gpu = not accelerator_is_cpu(str(trainer.accelerator)) and torch.cuda.is_available()
     # (Without `including_emulation=False`, torch says yes to any GPU: it would emulate, slowly.)

@@ -112,8 +112,8 @@ def type_problem(
 @functools.cache
 def parameters(target: str) -> tuple[dict[str, inspect.Parameter], bool]:
     """The constructor parameters of the class (or function) `target` names, with their
-    annotations, and whether it takes other keyword arguments too. A constructor's `**kwargs`
-    passed on to its base class's: the base's parameters count too."""
+    annotations, and whether it takes other keyword arguments too. Our constructors pass their
+    `**kwargs` on to the base class's: its parameters count too."""
     from hydra.utils import get_object
 
     obj = get_object(target)
@@ -134,6 +134,8 @@ def parameters(target: str) -> tuple[dict[str, inspect.Parameter], bool]:
                 named.setdefault(p.name, p.replace(annotation=hints.get(p.name, p.annotation)))
         if not any(p.kind == p.VAR_KEYWORD for p in given):
             return named, False
+        if not getattr(function, "__module__", "").startswith("litforge."):
+            return named, True  # (where another library's constructor passes them: unknown)
     return named, True
 
 
@@ -148,6 +150,7 @@ def check_targets(node: Any, key: str) -> None:
         return
     target = node.get("_target_") if not OmegaConf.is_missing(node, "_target_") else None
     named, open_ended = parameters(target) if isinstance(target, str) else ({}, True)
+    open_ended = open_ended or node.get("_partial_", False)  # the caller may add arguments
     for name in node:
         child = f"{key}.{name}" if key else str(name)
         if OmegaConf.is_missing(node, name) or str(name).startswith("_"):

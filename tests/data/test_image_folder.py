@@ -103,6 +103,9 @@ def test_null_settings_are_what_imagenet_pretrained_networks_take(tmp_path):
     gray = make(root, channels=1)
     gray.inspect()
     assert (gray.mean, gray.std) == ([0.449], [0.226])  # ImageNet's averaged
+    one_value = make(root, mean=[0.5], std=[0.2])
+    one_value.inspect()
+    assert one_value.channels == 1  # null: as many as data.mean has
     given = make(root, channels=3, mean=[0.5] * 3, std=[0.2] * 3)
     given.inspect()
     assert (given.channels, given.mean, given.std) == (3, [0.5] * 3, [0.2] * 3)

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 info_on_rank_zero = rank_zero_only(log.info)  # (each process of a job reads the folder)
 
 SPLITS = ("train", "val", "test")
-# What null settings mean: what ImageNet-pretrained networks take (timm, torchvision).
+# What null settings mean: what networks pretrained on ImageNet take.
 DEFAULT_CHANNELS, DEFAULT_IMAGE_SIZE = 3, 224
 IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -286,7 +286,7 @@ class ImageFolderDataModule(ImageDataModule):
             self.splits["train"], self.splits["val"] = fold_files(pool, hp)
         self.class_names = tuple(self.splits["train"])
         self.train_counts = [len(self.splits["train"][c]) for c in self.class_names]
-        self.channels = hp.channels or DEFAULT_CHANNELS
+        self.channels = hp.channels or (len(hp.mean) if hp.mean else DEFAULT_CHANNELS)
         self.image_size = hp.image_size or DEFAULT_IMAGE_SIZE
         self.mean, self.std = default_statistics(self.channels)
         if hp.mean is not None:

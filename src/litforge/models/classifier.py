@@ -19,6 +19,7 @@ from torchmetrics.classification import (
 
 from litforge import checkpoints
 from litforge.errors import UserError
+from litforge.settings import Fraction, NonNegative
 
 
 def plain(config: Any) -> Any:
@@ -56,8 +57,8 @@ class ClassificationModule(L.LightningModule):
         class_weights: Sequence[float] | None = None,
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
-        label_smoothing: float = 0.0,
-        backbone_lr_scale: float = 1.0,
+        label_smoothing: Fraction = 0.0,
+        backbone_lr_scale: NonNegative = 1.0,
     ) -> None:
         super().__init__()
         net, optimizer, scheduler = (plain(c) for c in (net, optimizer, scheduler))

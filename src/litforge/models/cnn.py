@@ -1,11 +1,14 @@
 """A convolutional network: a trunk of conv blocks, average pooling, then a classifier head."""
 
 from collections.abc import Sequence
+from typing import Annotated, Literal
 
 import torch
+from annotated_types import MinLen
 from torch import nn
 
-from litforge.errors import UserError, check_number
+from litforge.errors import UserError
+from litforge.settings import Fraction, PositiveInt
 
 
 class CNN(nn.Module):
@@ -15,43 +18,23 @@ class CNN(nn.Module):
         self,
         input_shape: Sequence[int],
         num_classes: int,
-        channels: Sequence[int] = (32, 64),
-        kernel_size: int = 3,
-        hidden_size: int = 128,
-        dropout: float = 0.25,
-        activation: str = "relu",
-        pool_size: int = 1,
-        convs_per_block: int = 1,
+        channels: Annotated[Sequence[PositiveInt], MinLen(1)] = (32, 64),
+        kernel_size: PositiveInt = 3,
+        hidden_size: PositiveInt = 128,
+        dropout: Fraction = 0.25,
+        activation: Literal["relu", "gelu", "silu"] = "relu",
+        pool_size: PositiveInt = 1,
+        convs_per_block: PositiveInt = 1,
         mirror_average: bool = False,
     ) -> None:
         super().__init__()
-        if not channels:
-            raise UserError(
-                f"model.net.channels={list(channels)} gives no convolution blocks: give one or "
-                f"more numbers of output channels, e.g. model.net.channels=[32,64]."
-            )
-        if not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in channels):
-            raise UserError(
-                f"model.net.channels={list(channels)}: each entry is a number of output channels, "
-                f"an integer at least 1."
-            )
-        for key, value in (
-            ("hidden_size", hidden_size),
-            ("kernel_size", kernel_size),
-            ("pool_size", pool_size),
-            ("convs_per_block", convs_per_block),
-        ):
-            check_number(f"model.net.{key}", value, integer=True, minimum=1)
         in_channels, height, width = input_shape
         if height >> len(channels) == 0 or width >> len(channels) == 0:
             raise UserError(
                 f"{len(channels)} pooling blocks shrink {height}×{width} images to nothing: "
                 "use fewer entries in model.net.channels."
             )
-        activations = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
-        if activation not in activations:
-            raise UserError(f"activation={activation}: choose one of {', '.join(activations)}.")
-        act = activations[activation]
+        act = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}[activation]
         blocks: list[nn.Module] = []
         conv_args = {"kernel_size": kernel_size, "padding": kernel_size // 2, "bias": False}
         for out_channels in channels:

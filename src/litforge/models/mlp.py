@@ -6,7 +6,7 @@ from math import prod
 import torch
 from torch import nn
 
-from litforge.errors import UserError
+from litforge.settings import Fraction, PositiveInt
 
 
 class MLP(nn.Module):
@@ -16,16 +16,11 @@ class MLP(nn.Module):
         self,
         input_shape: Sequence[int],
         num_classes: int,
-        hidden_sizes: Sequence[int] = (256, 256),
-        dropout: float = 0.0,
+        hidden_sizes: Sequence[PositiveInt] = (256, 256),  # []: no hidden layer
+        dropout: Fraction = 0.0,
         batch_norm: bool = True,
     ) -> None:
         super().__init__()
-        if not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in hidden_sizes):
-            raise UserError(
-                f"model.net.hidden_sizes={list(hidden_sizes)}: each entry is a layer's number of "
-                f"units, an integer at least 1 ([]: no hidden layer)."
-            )
         layers: list[nn.Module] = [nn.Flatten()]
         width = prod(input_shape)
         for hidden in hidden_sizes:

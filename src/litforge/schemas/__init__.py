@@ -1,0 +1,1 @@
+"""JSON Schemas of conf/ for editors, made from the constructors the configs name."""
