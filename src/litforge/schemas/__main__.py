@@ -140,7 +140,7 @@ def with_modeline(text: str, schema: str) -> str:
     yaml-language-server at its schema (in place of an earlier one)."""
     lines = text.splitlines(keepends=True)
     if lines and MODELINE.match(lines[0]) and f"$schema={schema} " in lines[0] + " ":
-        return text  # (its trailing comment is the lean copy's business)
+        return text  # (whatever follows, as a feature marker, may differ)
     lines = [line for line in lines if not MODELINE.match(line)]
     return f"# yaml-language-server: $schema={schema}  # feature: schemas\n" + "".join(lines)
 
