@@ -59,12 +59,12 @@ def test_eval_without_checkpoint_says_what_to_add(tmp_path):
     [
         ("model=resnet", "Could not find 'model/resnet'"),
         ("trainer.max_epoch=3", "Could not override 'trainer.max_epoch'"),
-        ("+trainer.max_epoch=3", "unexpected keyword argument 'max_epoch'"),
+        ("+trainer.gradient_clip_algorithm=foo", "`gradient_clip_algorithm` foo is invalid."),
     ],
 )
 def test_hydra_and_omegaconf_mistakes_are_shown_as_hydra_shows_them(tmp_path, override, words):
-    # Composing (an unknown option or key), or instantiating in the task (a keyword a class
-    # lacks, a `???` left, a value a library's constructor refuses): Hydra's own message.
+    # Composing (an unknown option or key), or instantiating in the task (a `???` left, a value
+    # a library's constructor refuses that no annotation bounds): Hydra's own message.
     result = run_in_process("train.py", override, f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 1
     assert words in result.stderr, result.stderr[-2000:]
@@ -129,6 +129,10 @@ def test_hydra_full_error_still_shows_the_traceback(tmp_path):
         ("data.val_size=-5", "data.val_size=-5: must be >= 0."),
         ("data.val_size=60000", "data.val_size=60000 must be below the 60000 training images"),
         ("+data.bach_size=8", "data.bach_size: litforge.data.fashion_mnist.FashionMNISTData"),
+        ("+trainer.max_epoch=3", "takes no argument max_epoch (did you mean trainer.max_epochs?)"),
+        ("+callbacks.model_checkpoint.save_top=2", "(did you mean callbacks.model_checkpoint.sav"),
+        ("logger=csv +logger.csv.flush_every=1", "(did you mean logger.csv.flush_logs_every_n_"),
+        ("+model.optimizer.betas=[0.9]", "model.optimizer.betas=[0.9]: must be a list of 2 values"),
         ("data.download=maybe", "data.download=maybe: must be true or false."),
         ("trainer.max_epochs=ten", "trainer.max_epochs=ten: must be an integer, or null."),
         ("optimized_metric_mode=maximum", "optimized_metric_mode=maximum: must be one of: max,"),

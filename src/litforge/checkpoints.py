@@ -29,7 +29,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
-from litforge.errors import UserError, check_number
+from litforge.errors import UserError
+from litforge.settings import PositiveInt
 
 log = logging.getLogger(__name__)
 warning_on_rank_zero = rank_zero_only(log.warning)
@@ -76,9 +77,7 @@ class LastCheckpoint(ModelCheckpoint):
     ModelCheckpoint that saves nothing itself (`save_top_k=0`): each save is `save(trainer)`,
     `trainer.save_checkpoint` on every process."""
 
-    def __init__(self, dirpath: str, every_n_train_steps: int | None = None) -> None:
-        if every_n_train_steps is not None:
-            check_number("every_n_train_steps", every_n_train_steps, integer=True, minimum=1)
+    def __init__(self, dirpath: str, every_n_train_steps: PositiveInt | None = None) -> None:
         # Not ModelCheckpoint's own every_n_train_steps: it would turn the per-epoch save off.
         self.every_n_steps = every_n_train_steps
         super().__init__(

@@ -35,6 +35,8 @@ OTHERS = {
     "trainer.gradient_clip_val": NonNegative | None,
     "trainer.float32_matmul_precision": Literal["highest", "high", "medium"] | None,
 }
+# The config groups whose classes `settings.check_targets` checks the values of.
+GROUPS = ("data", "model", "trainer", "callbacks", "logger", "strategy")
 # What `trainer.accelerator` may be: Lightning's names (`gpu`: CUDA or Apple's MPS).
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 
@@ -45,9 +47,9 @@ def check_config(cfg: DictConfig, needs_checkpoint: bool = False) -> None:
         value = OmegaConf.select(cfg, key, default=None)
         if value is not None and (found := problem(value, annotation)):
             raise UserError(f"{key}={format_value(value)}: {found}.")
-    for group in ("data", "model"):
+    for group in GROUPS:
         if group in cfg:  # each value against its constructor's annotation
-            check_targets(cfg[group], group)
+            check_targets(cfg[group], group, OTHERS)
     if cfg.get("train") and OmegaConf.select(cfg, "trainer.max_epochs") == 0:
         raise UserError(
             "trainer.max_epochs=0 trains nothing: set 1 or more (-1: no limit). To test a "

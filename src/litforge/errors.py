@@ -42,11 +42,6 @@ def number_problem(
     return None
 
 
-def check_number(name: str, value: object, **bounds: Any) -> None:
-    if problem := number_problem(name, value, **bounds):
-        raise UserError(problem)
-
-
 def user_error(err: BaseException) -> UserError | None:
     """`err` if it is a UserError, or the UserError that caused it (a constructor's, which
     Hydra's `instantiate` raises again as an InstantiationException from it)."""

@@ -139,12 +139,16 @@ def parameters(target: str) -> tuple[dict[str, inspect.Parameter], bool]:
     return named, True
 
 
-def check_targets(node: Any, key: str) -> None:
+def check_targets(
+    node: Any, key: str, known: Mapping[str, Any] = types.MappingProxyType({})
+) -> None:
     """Check every value `node` (a config) and the configs inside it give the class their
-    `_target_` names against its constructor's annotations; a UserError names the first."""
+    `_target_` names against its constructor's annotations; a UserError names the first.
+    `known`: annotations by full key that stand in for a constructor's (the settings of classes
+    not ours), and keys the code that builds the class takes itself."""
     if isinstance(node, ListConfig):
         for i, item in enumerate(node):
-            check_targets(item, f"{key}[{i}]")
+            check_targets(item, f"{key}[{i}]", known)
         return
     if not isinstance(node, DictConfig):
         return
@@ -157,19 +161,23 @@ def check_targets(node: Any, key: str) -> None:
             continue
         value = node[name]
         if isinstance(value, (DictConfig, ListConfig)):
-            check_targets(value, child)
-            if "_target_" in value if isinstance(value, DictConfig) else False:
+            check_targets(value, child, known)
+            if isinstance(value, DictConfig) and "_target_" in value:
                 continue
             value = OmegaConf.to_container(value, resolve=True)
         if target is None:
             continue
-        if name not in named:
-            if open_ended:
-                continue
+        if child in known:
+            annotation = known[child]
+        elif name in named:
+            annotation = named[name].annotation
+        elif open_ended:
+            continue
+        else:
             near = difflib.get_close_matches(str(name), named, n=1)
             hint = f" (did you mean {key}.{near[0]}?)" if near else ""
             raise UserError(f"{child}: {target} takes no argument {name}{hint}.")
-        if found := problem(value, named[name].annotation):
+        if value is not None and (found := problem(value, annotation)):
             raise UserError(f"{child}={format_value(value)}: {found}.")
 
 

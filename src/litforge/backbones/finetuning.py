@@ -9,7 +9,8 @@ from lightning.pytorch.callbacks import EMAWeightAveraging as _LightningEMA
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
-from litforge.errors import UserError, check_number
+from litforge.errors import UserError
+from litforge.settings import NonNegativeInt
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +31,7 @@ class FreezeBackbone(L.Callback):
     step, no weight decay, no state). Whether to freeze follows from the epoch alone, so it is the
     same on every process and after a resume. Batch-norm statistics still follow the new data."""
 
-    def __init__(self, epochs: int = 1) -> None:
-        check_number("epochs", epochs, integer=True)
+    def __init__(self, epochs: NonNegativeInt = 1) -> None:
         self.epochs = epochs
         self._said: str | None = None  # "frozen" or "unfrozen": each said once
 
