@@ -7,6 +7,7 @@ does not take. A class of your own is checked the same way: annotate its constru
 import difflib
 import functools
 import inspect
+import operator
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -24,18 +25,20 @@ Positive = Annotated[float, at.Gt(0)]
 NonNegative = Annotated[float, at.Ge(0)]
 Fraction = Annotated[float, at.Interval(ge=0, lt=1)]  # a share of something: 0 up to, not 1
 
-BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+# annotated-types' bound names: what each requires, and how messages write it.
+BOUNDS = {
+    "gt": (operator.gt, ">"),
+    "ge": (operator.ge, ">="),
+    "lt": (operator.lt, "<"),
+    "le": (operator.le, "<="),
+}
 
 
 def bound_problem(value: Any, constraint: Any) -> str | None:
     """What `value` breaks of one annotated-types constraint (Gt, Ge, Lt, Le, Interval, Len)."""
-    for name, sign in BOUNDS.items():
+    for name, (holds, sign) in BOUNDS.items():
         limit = getattr(constraint, name, None)
-        if limit is None:
-            continue
-        if not {"gt": value > limit, "ge": value >= limit}.get(name, True):
-            return f"must be {sign} {limit}"
-        if not {"lt": value < limit, "le": value <= limit}.get(name, True):
+        if limit is not None and not holds(value, limit):
             return f"must be {sign} {limit}"
     low = getattr(constraint, "min_length", None)
     if low is not None and len(value) < low:
