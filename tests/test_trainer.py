@@ -5,7 +5,7 @@ import pytest
 import torch
 from helpers import compose_config
 
-from litforge.checks import check_precision
+from litforge.checks import check_config, check_precision
 from litforge.errors import UserError
 from litforge.pipeline import build_trainer
 
@@ -41,8 +41,8 @@ def test_matmul_precision_is_set_before_the_trainer_is_built(tmp_path, matmul_pr
 
 def test_unknown_matmul_precision_is_refused(tmp_path):
     cfg = compose_config("train", tmp_path, ["trainer.float32_matmul_precision=tf32"])
-    with pytest.raises(UserError, match="float32_matmul_precision=tf32 is not one of"):
-        check_precision(cfg)
+    with pytest.raises(UserError, match="float32_matmul_precision=tf32: must be one of: highest"):
+        check_config(cfg)
 
 
 def test_bf16_on_a_gpu_without_bf16_units_asks_for_16_mixed(tmp_path, monkeypatch):
