@@ -32,6 +32,9 @@ from litforge.settings import Fraction, PositiveInt, check_targets, problem
         (0.5, tuple[float, float], "must be a list of 2 values"),
         ([0.2, 2], tuple[float, Annotated[float, Interval(gt=0, le=1)]], "each value must be <= 1"),
         ("x", Annotated[int, Ge(2)] | None, "must be an integer, or null"),
+        (None, PositiveInt, "must not be null"),
+        (1.5, list[int] | str | int, "must be a list, or a string, or an integer"),
+        (0.5, Annotated[int, Ge(1)] | float, None),  # the second option takes it
     ],
 )
 def test_a_value_is_checked_against_its_annotation(value, annotation, found):
@@ -79,3 +82,8 @@ def test_keyword_arguments_passed_on_are_checked_by_the_base_class():
         check_targets(config, "data")
     config = OmegaConf.create({"_target_": "argparse.Namespace", "anything": 1})
     check_targets(config, "extra")  # Namespace(**kwargs): any key is its own
+
+
+def test_a_target_that_does_not_import_is_left_to_hydra():
+    config = OmegaConf.create({"_target_": "nowhere.Nothing", "anything": 1})
+    check_targets(config, "model.net")  # instantiate then says it as Hydra does

@@ -44,8 +44,8 @@ ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 def check_config(cfg: DictConfig, needs_checkpoint: bool = False) -> None:
     """Raise a UserError naming the first config value that cannot work."""
     for key, annotation in OTHERS.items():
-        value = OmegaConf.select(cfg, key, default=None)
-        if value is not None and (found := problem(value, annotation)):
+        value = OmegaConf.select(cfg, key, default=OTHERS)  # (OTHERS: not in this config)
+        if value is not OTHERS and (found := problem(value, annotation)):
             raise UserError(f"{key}={format_value(value)}: {found}.")
     for group in GROUPS:
         if group in cfg:  # each value against its constructor's annotation
@@ -69,13 +69,13 @@ def check_config(cfg: DictConfig, needs_checkpoint: bool = False) -> None:
 
 def check_data(data: DictConfig) -> None:
     """Data settings that cannot work together (each one alone: `check_targets`)."""
-    folds, fold = data.get("num_folds"), data.get("fold", 0)
+    folds, fold = data.get("num_folds"), data.get("fold") or 0
     if folds is not None and fold >= folds:
         raise UserError(
             f"data.fold={fold} is not a fold of data.num_folds={folds}: give 0 to {folds - 1} "
             f"(all of them: -m data.fold={','.join(map(str, range(folds)))})."
         )
-    val, test = data.get("val_fraction", 0), data.get("test_fraction", 0)
+    val, test = data.get("val_fraction") or 0, data.get("test_fraction") or 0
     if val + test >= 1:
         raise UserError(
             f"data.val_fraction={val} and data.test_fraction={test} leave no training images: "
@@ -91,9 +91,12 @@ def check_data(data: DictConfig) -> None:
             f"data.crop_scale=[{crop[0]},{crop[1]}]: the first (smallest share of the image) "
             f"must not be above the second, e.g. data.crop_scale=[0.35,1]."
         )
-    dataset = get_object(data._target_)
+    try:
+        dataset = get_object(data._target_)
+    except Exception:  # a `_target_` that does not import: Hydra's instantiate says so
+        return
     images = getattr(dataset, "num_train_images", None)
-    if images is not None and data.get("val_size", 0) >= images:
+    if images is not None and (data.get("val_size") or 0) >= images:
         raise UserError(
             f"data.val_size={data.val_size} must be below the {images} training images of "
             f"{dataset.name}."

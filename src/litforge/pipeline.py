@@ -31,6 +31,7 @@ from litforge.hooks import (
     LogsRunFiles,  # feature: tracking
     PreparesRun,  # feature: backbones model_parallel parameter_server elastic
 )
+from litforge.settings import check_targets
 from litforge.strategies import lost_process_ends_the_job
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,7 @@ def _target_class(entry: Any) -> Any:
 
 
 def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
+    check_targets(cfg.data, "data")  # again: a checkpoint's settings or a feature's may be in
     # Plain lists and dicts: the settings go into checkpoints, read with weights_only=True.
     return instantiate(cfg.data, _convert_="all")
 

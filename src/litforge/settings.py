@@ -7,6 +7,7 @@ does not take. A class of your own is checked the same way: annotate its constru
 import difflib
 import functools
 import inspect
+import logging
 import operator
 import types
 import typing
@@ -17,6 +18,8 @@ import annotated_types as at
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from litforge.errors import UserError
+
+log = logging.getLogger(__name__)
 
 # The bounds settings share.
 PositiveInt = Annotated[int, at.Gt(0)]
@@ -57,10 +60,16 @@ def problem(value: Any, annotation: Any) -> str | None:
         if value is None and nullable:
             return None
         options = [option for option in options if option is not type(None)]
-        for option in options:  # the first whose type fits: its bounds
-            if type_problem(value, *unpacked(option)[:3], shallow=True) is None:
-                return problem(value, option)
-        return problem(value, options[0]) + (", or null" if nullable else "")
+        fitting = [o for o in options if type_problem(value, *unpacked(o)[:3], True) is None]
+        found = [problem(value, option) for option in fitting or options]
+        if None in found:
+            return None
+        if fitting:  # its type fits, its bounds do not
+            return found[0]
+        said = ", or ".join(dict.fromkeys(f.removeprefix("must be ") for f in found))
+        return f"must be {said}" + (
+            ", or null" if type(None) in typing.get_args(annotation) else ""
+        )
     annotation, origin, args, constraints = unpacked(annotation)
     found = type_problem(value, annotation, origin, args)
     for constraint in constraints:
@@ -82,6 +91,8 @@ def type_problem(
     """What is wrong with `value`'s type (`shallow`: a list's items unchecked), or None."""
     if annotation is Any or annotation is inspect.Parameter.empty:
         return None
+    if value is None:  # (a nullable annotation is a union with None: `problem`)
+        return "must not be null" if annotation in (bool, int, float, str) else None
     if origin is Literal:
         if value in args and type(value) in {type(a) for a in args}:
             return None
@@ -119,7 +130,10 @@ def parameters(target: str) -> tuple[dict[str, inspect.Parameter], bool]:
     `**kwargs` on to the base class's: its parameters count too."""
     from hydra.utils import get_object
 
-    obj = get_object(target)
+    try:
+        obj = get_object(target)
+    except Exception:  # a `_target_` that does not import: Hydra's instantiate says so
+        return {}, True
     if isinstance(obj, type):
         functions = [c.__init__ for c in obj.__mro__ if "__init__" in vars(c)]
     else:
@@ -129,7 +143,9 @@ def parameters(target: str) -> tuple[dict[str, inspect.Parameter], bool]:
         try:
             signature = inspect.signature(function)
             hints = typing.get_type_hints(function, include_extras=True)
-        except Exception:  # no signature, or annotations that do not evaluate: left unchecked
+        except Exception as err:  # no signature, or annotations that do not evaluate
+            if "site-packages" not in (inspect.getsourcefile(function) or "site-packages"):
+                log.warning(f"{target}'s settings are not checked: its annotations fail ({err})")
             return named, True
         given = list(signature.parameters.values())[isinstance(obj, type) :]  # (not `self`)
         for p in given:
@@ -180,7 +196,7 @@ def check_targets(
             near = difflib.get_close_matches(str(name), named, n=1)
             hint = f" (did you mean {key}.{near[0]}?)" if near else ""
             raise UserError(f"{child}: {target} takes no argument {name}{hint}.")
-        if value is not None and (found := problem(value, annotation)):
+        if found := problem(value, annotation):
             raise UserError(f"{child}={format_value(value)}: {found}.")
 
 

@@ -286,7 +286,8 @@ class ImageFolderDataModule(ImageDataModule):
             self.splits["train"], self.splits["val"] = fold_files(pool, hp)
         self.class_names = tuple(self.splits["train"])
         self.train_counts = [len(self.splits["train"][c]) for c in self.class_names]
-        self.channels = hp.channels or (len(hp.mean) if hp.mean else DEFAULT_CHANNELS)
+        given = len(hp.mean) if hp.mean and len(hp.mean) in (1, 3) else DEFAULT_CHANNELS
+        self.channels = hp.channels or given  # null: as data.mean, else RGB
         self.image_size = hp.image_size or DEFAULT_IMAGE_SIZE
         self.mean, self.std = default_statistics(self.channels)
         if hp.mean is not None:

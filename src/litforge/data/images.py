@@ -84,16 +84,17 @@ def decode(data: bytes, channels: int, max_pixels: int = MAX_IMAGE_PIXELS) -> to
         mode = ImageReadMode.GRAY if channels == 1 else ImageReadMode.RGB
         try:
             return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=mode)
-        except (RuntimeError, ValueError) as err:  # broken after the header
-            raise BadImageError(str(err).splitlines()[0] or type(err).__name__) from None
+        except (RuntimeError, ValueError):  # broken after the header
+            raise BadImageError("TorchCodec cannot decode it: damaged or cut short") from None
+    import numpy as np
     from PIL import Image
-    from torchvision.transforms.v2.functional import pil_to_tensor
 
     try:  # the first frame of a GIF (TorchCodec would decode all of them)
         with Image.open(io.BytesIO(data)) as image:
-            return pil_to_tensor(image.convert("L" if channels == 1 else "RGB"))
+            pixels = torch.from_numpy(np.array(image.convert("L" if channels == 1 else "RGB")))
     except Exception as err:  # Pillow raises many types for broken files
         raise BadImageError(str(err) or type(err).__name__) from None
+    return pixels.unsqueeze(0) if channels == 1 else pixels.permute(2, 0, 1).contiguous()
 
 
 def fit(image: torch.Tensor, size: int, interpolation: str = "bilinear") -> torch.Tensor:

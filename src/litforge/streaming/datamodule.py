@@ -6,7 +6,7 @@
 `optimize_folder` checks and splits the folder as `data=image_folder` would (the same carved
 val/test), checks that every image decodes, then writes each split's encoded files, unchanged (or
 with `store="pixels"` their decoded pixels), into chunked shards (`OUT_DIR/<split>/`, LitData's
-format) with worker processes, and the classes, counts and pixel statistics into
+format) with worker processes, and the classes, counts, shape and mean and std into
 `OUT_DIR/litforge.json`.
 
 `StreamingDataModule` reads the shards with LitData's `StreamingDataset` and `StreamingDataLoader`:
@@ -32,7 +32,13 @@ from typing import Literal
 import torch
 
 from litforge.data.base import Mix
-from litforge.data.image_folder import SPLITS, ImageDataModule, ImageFolderDataModule, cannot_decode
+from litforge.data.image_folder import (
+    SPLITS,
+    ImageDataModule,
+    ImageFolderDataModule,
+    cannot_decode,
+    default_statistics,
+)
 from litforge.data.images import (
     MAX_IMAGE_PIXELS,
     MAX_IMAGE_SIZE,
@@ -328,11 +334,8 @@ class StreamingDataModule(ImageDataModule):
             self.mean, self.std = list(hp.mean), list(hp.std)
         elif self.channels == meta["channels"]:
             self.mean, self.std = meta["mean"], meta["std"]
-        else:
-            raise UserError(
-                f"the shards' statistics are for {meta['channels']}-channel images, "
-                f"data.channels={self.channels}: give data.mean and data.std (one per channel)."
-            )
+        else:  # the shards' are for their channels: ImageNet's for these
+            self.mean, self.std = default_statistics(self.channels)
         for problem in (
             len(self.mean) != self.channels and "mean",
             len(self.std) != self.channels and "std",
