@@ -87,3 +87,17 @@ def test_keyword_arguments_passed_on_are_checked_by_the_base_class():
 def test_a_target_that_does_not_import_is_left_to_hydra():
     config = OmegaConf.create({"_target_": "nowhere.Nothing", "anything": 1})
     check_targets(config, "model.net")  # instantiate then says it as Hydra does
+
+
+def test_a_forks_class_whose_annotations_fail_is_said_to_be_unchecked(
+    tmp_path, monkeypatch, caplog
+):
+    (tmp_path / "brokenpkg").mkdir()
+    (tmp_path / "brokenpkg" / "__init__.py").write_text("")
+    (tmp_path / "brokenpkg" / "nets.py").write_text(
+        "class Net:\n    def __init__(self, width: 'Missing' = 8):\n        pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = OmegaConf.create({"_target_": "brokenpkg.nets.Net", "width": 0, "typo": 1})
+    check_targets(config, "model.net")  # nothing checked: its annotations do not evaluate
+    assert "brokenpkg.nets.Net's settings are not checked: its annotations fail" in caplog.text
