@@ -17,8 +17,7 @@ from litforge.settings import (
     Positive,
     PositiveInt,
     check_targets,
-    format_value,
-    problem,
+    check_values,
 )
 
 # Settings no constructor of ours takes (the run's own, torch's optimizers', Lightning's Trainer's):
@@ -43,10 +42,7 @@ ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 
 def check_config(cfg: DictConfig, needs_checkpoint: bool = False) -> None:
     """Raise a UserError naming the first config value that cannot work."""
-    for key, annotation in OTHERS.items():
-        value = OmegaConf.select(cfg, key, default=OTHERS)  # (OTHERS: not in this config)
-        if value is not OTHERS and (found := problem(value, annotation)):
-            raise UserError(f"{key}={format_value(value)}: {found}.")
+    check_values(cfg, OTHERS)
     for group in GROUPS:
         if group in cfg:  # each value against its constructor's annotation
             check_targets(cfg[group], group, OTHERS)

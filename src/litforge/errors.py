@@ -17,31 +17,6 @@ class UserError(Exception):
     """A problem the user can fix (a missing file, a bad value). The message says what and how."""
 
 
-def number_problem(
-    name: str,
-    value: object,
-    *,
-    integer: bool = False,
-    minimum: float = 0,
-    above: bool = False,
-    maximum: float | None = None,
-) -> str | None:
-    """What is wrong with `value` as a number at least (`above`: above) `minimum`, and at most
-    `maximum` when given, or None."""
-    kinds = (int,) if integer else (int, float)
-    bound = f"{'greater than' if above else 'at least'} {minimum}"
-    bound += f" and at most {maximum}" if maximum is not None else ""
-    expected = f"{'an integer' if integer else 'a number'} {bound}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"{name}={value!r} is not a number: expected {expected}."
-    if not isinstance(value, kinds):  # 1e9 is a float to YAML and Hydra
-        return f"{name}={value!r} is not an integer: expected {expected}."
-    too_big = maximum is not None and value > maximum
-    if value < minimum or (above and value == minimum) or too_big:
-        return f"{name}={value} is out of range: expected {expected}."
-    return None
-
-
 def user_error(err: BaseException) -> UserError | None:
     """`err` if it is a UserError, or the UserError that caused it (a constructor's, which
     Hydra's `instantiate` raises again as an InstantiationException from it)."""

@@ -123,23 +123,40 @@ def type_problem(
     return None
 
 
+# Where a library's class passes its `**kwargs`: their keys are that class's arguments.
+PASSED_ON = {
+    "lightning.pytorch.strategies.ddp.DDPStrategy": "torch.nn.parallel.DistributedDataParallel",
+    "lightning.pytorch.strategies.fsdp.FSDPStrategy": (
+        "torch.distributed.fsdp.FullyShardedDataParallel"
+    ),
+}
+
+
+def constructors(obj: Any) -> list:
+    """The `__init__` functions of a class and its bases, most derived first; a function."""
+    return (
+        [c.__init__ for c in obj.__mro__ if "__init__" in vars(c)]
+        if isinstance(obj, type)
+        else [obj]
+    )
+
+
 @functools.cache
 def parameters(target: str) -> tuple[dict[str, inspect.Parameter], bool]:
     """The constructor parameters of the class (or function) `target` names, with their
     annotations, and whether it takes other keyword arguments too. Our constructors pass their
-    `**kwargs` on to the base class's: its parameters count too."""
+    `**kwargs` on to the base class's: its parameters count too (and a library class's to the
+    class `PASSED_ON` names)."""
     from hydra.utils import get_object
 
     try:
         obj = get_object(target)
     except Exception:  # a `_target_` that does not import: Hydra's instantiate says so
         return {}, True
-    if isinstance(obj, type):
-        functions = [c.__init__ for c in obj.__mro__ if "__init__" in vars(c)]
-    else:
-        functions = [obj]
+    functions = constructors(obj)
     named: dict[str, inspect.Parameter] = {}
-    for function in functions:
+    while functions:
+        function = functions.pop(0)
         try:
             signature = inspect.signature(function)
             hints = typing.get_type_hints(function, include_extras=True)
@@ -147,13 +164,18 @@ def parameters(target: str) -> tuple[dict[str, inspect.Parameter], bool]:
             if "site-packages" not in (inspect.getsourcefile(function) or "site-packages"):
                 log.warning(f"{target}'s settings are not checked: its annotations fail ({err})")
             return named, True
-        given = list(signature.parameters.values())[isinstance(obj, type) :]  # (not `self`)
+        method = function.__name__ == "__init__"
+        given = list(signature.parameters.values())[method:]  # (not `self`)
         for p in given:
             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
                 named.setdefault(p.name, p.replace(annotation=hints.get(p.name, p.annotation)))
         if not any(p.kind == p.VAR_KEYWORD for p in given):
             return named, False
-        if not getattr(function, "__module__", "").startswith("litforge."):
+        module = getattr(function, "__module__", None) or ""  # (object's has none)
+        owner = f"{module}.{function.__qualname__.removesuffix('.__init__')}"
+        if owner in PASSED_ON:  # (and not to its base class)
+            functions = constructors(get_object(PASSED_ON[owner]))
+        elif not module.startswith("litforge."):
             return named, True  # (where another library's constructor passes them: unknown)
     return named, True
 
@@ -173,12 +195,12 @@ def check_targets(
         return
     target = node.get("_target_") if not OmegaConf.is_missing(node, "_target_") else None
     named, open_ended = parameters(target) if isinstance(target, str) else ({}, True)
-    open_ended = open_ended or node.get("_partial_", False)  # the caller may add arguments
     for name in node:
         child = f"{key}.{name}" if key else str(name)
-        if OmegaConf.is_missing(node, name) or str(name).startswith("_"):
+        if str(name).startswith("_"):
             continue
-        value = node[name]
+        missing = OmegaConf.is_missing(node, name)  # `???`: checked only if it must be given
+        value = None if missing else node[name]
         if isinstance(value, (DictConfig, ListConfig)):
             check_targets(value, child, known)
             if isinstance(value, DictConfig) and "_target_" in value:
@@ -196,8 +218,27 @@ def check_targets(
             near = difflib.get_close_matches(str(name), named, n=1)
             hint = f" (did you mean {key}.{near[0]}?)" if near else ""
             raise UserError(f"{child}: {target} takes no argument {name}{hint}.")
-        if found := problem(value, annotation):
+        found = problem(value, annotation)
+        needed = [c.documentation for c in unpacked(annotation)[3] if isinstance(c, at.DocInfo)]
+        if found and value is None and needed:  # a setting without a default: its doc says what
+            raise UserError(f"{child} is not set: give {needed[0]}.")
+        if found and not missing:
             raise UserError(f"{child}={format_value(value)}: {found}.")
+
+
+def check_values(values: Any, annotations: Mapping[str, Any]) -> None:
+    """Check the value at each key of `annotations` in `values` (a config, or a dict of a
+    function's arguments) against its annotation; a UserError names the first wrong one. Keys
+    `values` lacks are skipped. For the settings no constructor takes (`checks.OTHERS`)."""
+    for key, annotation in annotations.items():
+        if isinstance(values, DictConfig):
+            value = OmegaConf.select(values, key, default=annotations)  # (absent: `annotations`)
+        else:
+            value = values.get(key, annotations)
+        if isinstance(value, (DictConfig, ListConfig)):
+            value = OmegaConf.to_container(value, resolve=True)
+        if value is not annotations and (found := problem(value, annotation)):
+            raise UserError(f"{key}={format_value(value)}: {found}.")
 
 
 def format_value(value: Any) -> str:

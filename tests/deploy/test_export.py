@@ -82,9 +82,9 @@ def test_export_beyond_the_tolerance_fails_and_leaves_no_file(
     ("overrides", "message"),
     [
         ([], "no checkpoint given: add ckpt_path="),
-        (["ckpt_path=a.ckpt", "format=tflite"], "format=tflite is unknown"),
+        (["ckpt_path=a.ckpt", "format=tflite"], "format=tflite: must be one of: onnx, pt2."),
         (["ckpt_path=model.onnx"], "an exported model already"),
-        (["ckpt_path=a.ckpt", "export.tolerance=0"], r"export\.tolerance=0 is out of range"),
+        (["ckpt_path=a.ckpt", "export.tolerance=0"], r"export\.tolerance=0: must be > 0\."),
     ],
 )
 def test_bad_settings_are_one_line_errors(tmp_path, overrides, message):

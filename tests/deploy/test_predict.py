@@ -116,8 +116,11 @@ def test_empty_files_and_images_of_too_many_pixels_are_skipped_unread(
         (["ckpt_path=a.ckpt", "model_path=b.onnx", "input=x.png"], "both ckpt_path and model_path"),
         (["ckpt_path=missing.ckpt", f"input={ROOT / 'README.md'}"], "missing.ckpt: no such file"),
         (["input=nowhere/*.jpg", "ckpt_path=a.ckpt"], r"input=nowhere/\*\.jpg matches no files"),
-        (["predict.on_bad_file=ignore", "ckpt_path=a.ckpt"], "neither skip nor error"),
-        (["predict.top_k=0", "ckpt_path=a.ckpt"], r"predict\.top_k=0 is out of range"),
+        (
+            ["predict.on_bad_file=ignore", "ckpt_path=a.ckpt"],
+            "on_bad_file=ignore: must be one of: skip, error.",
+        ),
+        (["predict.top_k=0", "ckpt_path=a.ckpt"], r"predict\.top_k=0: must be > 0\."),
         (["predict.device=gpu", "ckpt_path=a.ckpt", f"input={ROOT / 'README.md'}"], "is no device"),
     ],
 )

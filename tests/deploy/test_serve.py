@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -250,7 +251,9 @@ def test_taken_port_and_bad_host_are_one_line_errors(tmp_path, trained_images):
         with pytest.raises(UserError, match=f"server.port={port}: 127.0.0.1:{port} is taken"):
             serve(cfg)
     cfg = compose_config("serve", tmp_path, ["ckpt_path=a.ckpt", "server.host=localhost"])
-    with pytest.raises(UserError, match="server.host=localhost is not one LitServe binds to"):
+    with pytest.raises(
+        UserError, match="server.host=localhost: must be one of: 127.0.0.1, 0.0.0.0"
+    ):
         serve(cfg)
 
 
@@ -546,3 +549,19 @@ def test_a_decode_budget_below_the_largest_image_is_a_one_line_error(tmp_path):
         match=r"server\.max_decode_pixels=1000000 is below server\.max_image_pixels=89478485",
     ):
         serve(compose_config("serve", tmp_path, overrides))
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("top_k=0", "top_k=0: must be > 0."),
+        ("server.workers=0", "server.workers=0: must be > 0."),
+        ("server.timeout=0", "server.timeout=0: must be > 0."),
+        ("server.batch_timeout=-1", "server.batch_timeout=-1: must be >= 0."),
+        ("server.max_body_bytes=1e9", "server.max_body_bytes=1000000000.0: must be an integer."),
+        ("server.accelerator=tpu", "server.accelerator=tpu: must be one of: auto, cpu, cuda, mps."),
+    ],
+)
+def test_bad_server_settings_are_one_line_errors(tmp_path, override, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        serve(compose_config("serve", tmp_path, ["ckpt_path=a.ckpt", override]))

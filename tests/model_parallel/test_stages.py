@@ -168,7 +168,7 @@ def test_cnn_in_two_stages_of_two_tensor_parallel_processes(data):
     [
         (["trainer.devices=3"], r"must multiply to trainer.devices x trainer.num_nodes = 3"),
         (["strategy.microbatches=3"], "strategy.microbatches=3 does not divide data.batch_size"),
-        (["strategy.schedule=zigzag"], "strategy.schedule=zigzag is not one of"),
+        (["strategy.schedule=zigzag"], "strategy.schedule=zigzag: must be one of: gpipe, 1f1b"),
         (["strategy.microbatches=1"], "needs at least one microbatch per stage"),
         (
             ["model.scheduler._target_=torch.optim.lr_scheduler.ReduceLROnPlateau"],

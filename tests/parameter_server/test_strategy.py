@@ -3,6 +3,7 @@ gradients and pull parameters (litforge/parameter_server/strategy.py). Multi-pro
 `train.py` subprocesses with a timeout and their own port."""
 
 import json
+import re
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -23,6 +24,7 @@ from helpers import (
     write_idx_dataset,
 )
 
+from litforge.checks import check_config
 from litforge.errors import UserError
 from litforge.parameter_server.strategy import (
     PeerLost,
@@ -129,9 +131,15 @@ def test_a_sync_worker_that_leaves_mid_round_stops_the_others():
     [
         (["trainer.devices=1"], "needs more processes than servers: trainer.devices x"),
         (["trainer.devices=3", "strategy.num_servers=3"], "strategy.num_servers=3 needs more"),
-        (["trainer.devices=3", "strategy.mode=hogwild"], "strategy.mode=hogwild is not one of"),
-        (["trainer.devices=3", "strategy.max_staleness=-1"], "strategy.max_staleness"),
-        (["trainer.devices=3", "strategy.push_every=0"], "strategy.push_every"),
+        (
+            ["trainer.devices=3", "strategy.mode=hogwild"],
+            "strategy.mode=hogwild: must be one of: sync, async.",
+        ),
+        (
+            ["trainer.devices=3", "strategy.max_staleness=-1"],
+            "strategy.max_staleness=-1: must be >= 0.",
+        ),
+        (["trainer.devices=3", "strategy.push_every=0"], "strategy.push_every=0: must be > 0."),
         (["trainer.devices=3", "trainer.gradient_clip_val=1"], "trainer.gradient_clip_val is not"),
         (["trainer.devices=3", "trainer.precision=16-mixed"], "16-mixed is not supported"),
         (
@@ -152,7 +160,8 @@ def test_settings_that_cannot_work_are_refused_before_launch(tmp_path, overrides
     cfg = compose_config(
         "train", tmp_path, ["strategy=parameter_server", "trainer.accelerator=cpu", *overrides]
     )
-    with pytest.raises(UserError, match=message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        check_config(cfg)
         prepare_run(cfg)
 
 

@@ -3,6 +3,7 @@ the LitData shards — on one process, on two (DDP), and resumed after a kill -9
 
 import json
 import logging
+import re
 
 import pytest
 import torch
@@ -245,3 +246,25 @@ def test_optimize_names_its_own_arguments_in_its_errors(tmp_path):
     line = broken.stderr.strip().splitlines()[-1]
     assert line.startswith("error: cannot decode") and "set --on-bad-file skip to" in line, line
     assert "data." not in line
+
+
+def test_shards_left_unnamed_are_one_line(tmp_path):
+    """`data.input_dir: ???` in the option file: said before Hydra would end in a traceback."""
+    cfg = compose_config("train", tmp_path, ["data=streaming"])
+    with pytest.raises(UserError, match=r"^data\.input_dir is not set: give the OUT_DIR of `py"):
+        train(cfg)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"val_fraction": 1.0}, "--val-fraction=1.0: must be < 1."),
+        ({"num_workers": 0}, "--workers=0: must be > 0."),
+        ({"image_size": 5000}, "--image-size=5000: must be <= 4096."),
+        ({"val_fraction": 0.5, "test_fraction": 0.5}, "their sum must be below 1."),
+    ],
+)
+def test_bad_optimize_options_are_one_line_before_reading(tmp_path, arguments, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        optimize_folder(str(tmp_path / "none"), str(tmp_path / "out"), **arguments)
+    assert not (tmp_path / "out").exists()

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import torch
-from annotated_types import Ge
+from annotated_types import Ge, doc
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -230,12 +230,15 @@ class ImageDataModule(DataModule):
         return on_gpu if self.hparams.pin_memory is None else self.hparams.pin_memory
 
 
+ROOT = "the folder of your images: <folder>/<class>/<image>, or <folder>/train/<class>/<image>"
+
+
 class ImageFolderDataModule(ImageDataModule):
     root_setting = "data.root={}"  # how messages name it (`optimize` names its argument)
 
     def __init__(
         self,
-        root: str | None = None,
+        root: Annotated[str, doc(ROOT)],
         image_size: ImageSize | None = None,
         channels: Literal[1, 3] | None = None,
         batch_size: PositiveInt = 64,
@@ -260,11 +263,6 @@ class ImageFolderDataModule(ImageDataModule):
         seed: int | None = 0,
     ) -> None:
         super().__init__()
-        if root is None:  # (not `???` in the config: Hydra would end in a traceback)
-            raise UserError(
-                "data.root is not set: give the folder of your images, data.root=<folder> "
-                "(<folder>/<class>/<image>, or <folder>/train/<class>/<image>)."
-            )
         interpolation = interpolation or "bilinear"  # null: a checkpoint's (eval.py), else this
         crop_scale = None if crop_scale is None else tuple(crop_scale)
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}

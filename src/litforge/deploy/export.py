@@ -17,7 +17,7 @@ import logging
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from omegaconf import DictConfig
@@ -33,11 +33,14 @@ from litforge.deploy.inference import (
     image_files,
     load_classifier,
 )
-from litforge.errors import UserError, number_problem
+from litforge.errors import UserError
+from litforge.settings import Positive, check_values
 
 log = logging.getLogger(__name__)
 
 FILES = {"onnx": "model.onnx", "pt2": "model.pt2"}
+# export.yaml's settings: their types and bounds (as `checks.OTHERS` has train.yaml's).
+SETTINGS = {"format": Literal["onnx", "pt2"], "export.tolerance": Positive}
 SAMPLE_LIMIT = 64  # images the check runs on at most
 
 
@@ -113,10 +116,7 @@ def check_settings(cfg: DictConfig) -> None:
             "no checkpoint given: add ckpt_path=<file or folder>, e.g. "
             "logs/train/runs/<run>/checkpoints/last.ckpt"
         )
-    if cfg.format not in FILES:
-        raise UserError(f"format={cfg.format} is unknown: set format=onnx or format=pt2.")
-    if problem := number_problem("export.tolerance", cfg.export.tolerance, above=True):
-        raise UserError(problem)
+    check_values(cfg, SETTINGS)
     if Path(cfg.ckpt_path).suffix in (".onnx", ".pt2"):
         raise UserError(
             f"ckpt_path={cfg.ckpt_path} is an exported model already: export from the checkpoint "

@@ -15,6 +15,7 @@ import math
 import unicodedata
 from collections import Counter
 from pathlib import Path
+from typing import Literal
 
 import rich
 import rich.table
@@ -35,11 +36,19 @@ from litforge.deploy.inference import (
     pick_device,
     top_k,
 )
-from litforge.errors import UserError, number_problem
+from litforge.errors import UserError
+from litforge.settings import NonNegativeInt, PositiveInt, check_values
 
 log = logging.getLogger(__name__)
 
-ON_BAD_FILE = ("skip", "error")
+# predict.yaml's settings: their types and bounds (as `checks.OTHERS` has train.yaml's).
+SETTINGS = {
+    "predict.top_k": PositiveInt,
+    "predict.batch_size": PositiveInt,
+    "predict.num_workers": NonNegativeInt,
+    "predict.on_bad_file": Literal["skip", "error"],
+    "predict.max_image_pixels": PositiveInt,
+}
 # What makes a spreadsheet read a cell as a formula (OWASP's CSV injection guidance).
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
@@ -83,20 +92,6 @@ def readable_batch(items: list[tuple[int, torch.Tensor | str]]):
     return [i for i, _ in good], images, bad
 
 
-def check_settings(settings: DictConfig) -> None:
-    for key in ("top_k", "batch_size", "max_image_pixels"):
-        if problem := number_problem(f"predict.{key}", settings[key], integer=True, minimum=1):
-            raise UserError(problem)
-    workers = settings.num_workers
-    if problem := number_problem("predict.num_workers", workers, integer=True, minimum=0):
-        raise UserError(problem)
-    if settings.on_bad_file not in ON_BAD_FILE:
-        raise UserError(
-            f"predict.on_bad_file={settings.on_bad_file} is neither skip nor error: set "
-            f"predict.on_bad_file=skip (leave unreadable files out) or error (stop at the first)."
-        )
-
-
 def header(k: int) -> list[str]:
     ranked = [f"{column}_{rank}" for rank in range(2, k + 1) for column in ("label", "probability")]
     return ["path", "label", "probability", *ranked]
@@ -104,8 +99,8 @@ def header(k: int) -> list[str]:
 
 def predict(cfg: DictConfig) -> Counter:
     """Write predictions.csv for the images `cfg.input` names; returns the count per class."""
+    check_values(cfg, SETTINGS)
     settings = cfg.predict
-    check_settings(settings)
     path, key = model_source(cfg)
     output_dir = Path(cfg.paths.output_dir)
     if cfg.extras.get("print_config"):

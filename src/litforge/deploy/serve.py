@@ -33,7 +33,7 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import litserve as ls
 import numpy as np
@@ -46,12 +46,24 @@ from starlette.concurrency import run_in_threadpool
 from litforge.console import CONFIG_TREE, print_config
 from litforge.data.images import BadImageError, image_size
 from litforge.deploy.inference import InputContract, load_classifier, model_source, top_k
-from litforge.errors import UserError, number_problem
+from litforge.errors import UserError
+from litforge.settings import NonNegative, Positive, PositiveInt, check_values
 
 log = logging.getLogger(__name__)
 
-HOSTS = ("127.0.0.1", "0.0.0.0", "::")  # what LitServe binds to
-ACCELERATORS = ("auto", "cpu", "cuda", "mps")
+# serve.yaml's settings: their types and bounds (as `checks.OTHERS` has train.yaml's).
+SETTINGS = {
+    "top_k": PositiveInt,
+    "server.host": Literal["127.0.0.1", "0.0.0.0", "::"],  # what LitServe binds to
+    "server.max_batch_size": PositiveInt,
+    "server.batch_timeout": NonNegative,
+    "server.max_body_bytes": PositiveInt,
+    "server.max_image_pixels": PositiveInt,
+    "server.max_decode_pixels": PositiveInt,
+    "server.workers": PositiveInt,
+    "server.accelerator": Literal["auto", "cpu", "cuda", "mps"],
+    "server.timeout": Positive,
+}
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl+C; `kill`, `docker stop`
 # Seconds the HTTP processes give requests in flight to finish once the server stops (LitServe's
 # 30 would keep a stopping server up that long behind one slow request).
@@ -300,36 +312,14 @@ class AnswerWithin:
                 await JSONResponse({"detail": detail}, status_code=504)(scope, receive, send)
 
 
-def check_settings(server: DictConfig, k: Any) -> None:
-    if server.host not in HOSTS:
-        raise UserError(
-            f"server.host={server.host} is not one LitServe binds to: use 127.0.0.1 (this "
-            f"machine only), 0.0.0.0 (every IPv4 interface) or :: (IPv6)."
-        )
-    problems = (
-        number_problem("top_k", k, integer=True, minimum=1),
-        number_problem("server.max_batch_size", server.max_batch_size, integer=True, minimum=1),
-        number_problem("server.batch_timeout", server.batch_timeout),
-        number_problem("server.max_body_bytes", server.max_body_bytes, integer=True, minimum=1),
-        number_problem("server.max_image_pixels", server.max_image_pixels, integer=True, minimum=1),
-        number_problem(
-            "server.max_decode_pixels", server.max_decode_pixels, integer=True, minimum=1
-        ),
-        number_problem("server.workers", server.workers, integer=True, minimum=1),
-        number_problem("server.timeout", server.timeout, above=True),
-    )
-    for problem in problems:
-        if problem:
-            raise UserError(problem)
+def check_settings(cfg: DictConfig) -> None:
+    check_values(cfg, SETTINGS)
+    server = cfg.server
     if server.max_decode_pixels < server.max_image_pixels:
         raise UserError(
             f"server.max_decode_pixels={server.max_decode_pixels} is below server."
             f"max_image_pixels={server.max_image_pixels}: an image of the largest size allowed "
             f"could never be decoded; raise server.max_decode_pixels."
-        )
-    if server.accelerator not in ACCELERATORS:
-        raise UserError(
-            f"server.accelerator={server.accelerator} is not one of {', '.join(ACCELERATORS)}."
         )
     if server.accelerator == "cuda" and not torch.cuda.is_available():
         raise UserError("server.accelerator=cuda, but this machine has no CUDA GPU: use auto.")
@@ -361,7 +351,7 @@ def serve(cfg: DictConfig) -> None:
     """Load the model (in this process for its contract, and in each model process), then serve
     until interrupted."""
     server_cfg = cfg.server
-    check_settings(server_cfg, cfg.top_k)
+    check_settings(cfg)
     path, key = model_source(cfg)
     check_port_free(server_cfg.host, server_cfg.port)
     if cfg.extras.get("print_config"):

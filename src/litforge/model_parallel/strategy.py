@@ -9,17 +9,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy as _LightningModelParallelStrategy
 from omegaconf import DictConfig, OmegaConf
 
-from litforge.errors import UserError, number_problem
+from litforge.errors import UserError
 from litforge.hooks import ChecksFit, PreparesRun
 from litforge.model_parallel.parallelize import count_blocks, has_plan, parallelize
 from litforge.model_parallel.shards import read_meta
-from litforge.model_parallel.stages import SCHEDULES, Stages, num_stages
+from litforge.model_parallel.stages import Stages, num_stages
+from litforge.settings import PositiveInt
 from litforge.strategies import ReportsLostProcesses
 
 
@@ -39,9 +40,9 @@ class ModelParallelStrategy(
     def __init__(
         self,
         *args: Any,
-        pipeline_parallel_size: int = 1,
-        microbatches: int | None = None,
-        schedule: str = "1f1b",
+        pipeline_parallel_size: PositiveInt = 1,
+        microbatches: PositiveInt | None = None,
+        schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b",  # stages.SCHEDULES
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -250,13 +251,7 @@ def check_pipeline(cfg: DictConfig) -> None:
     """What `strategy.pipeline_parallel_size` > 1 cannot run with (see stages.py)."""
     trainer, strategy = cfg.trainer, cfg.strategy
     pp, schedule = strategy.pipeline_parallel_size, strategy.schedule
-    if problem := number_problem("strategy.pipeline_parallel_size", pp, integer=True, minimum=1):
-        raise UserError(problem)
-    if schedule not in SCHEDULES:
-        raise UserError(f"strategy.schedule={schedule} is not one of {', '.join(SCHEDULES)}.")
-    microbatches = strategy.get("microbatches") or 2 * pp
-    if problem := number_problem("strategy.microbatches", microbatches, integer=True, minimum=1):
-        raise UserError(problem)
+    microbatches = strategy.get("microbatches") or 2 * pp  # (each alone: their annotations)
     batch = cfg.get("data", {}).get("batch_size")
     if isinstance(batch, int) and batch % microbatches:
         raise UserError(

@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -46,13 +46,13 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from litforge.errors import UserError, number_problem
+from litforge.errors import UserError
 from litforge.hooks import PreparesRun
+from litforge.settings import NonNegativeInt, PositiveInt
 from litforge.strategies import ReportsLostProcesses
 
 log = logging.getLogger(__name__)
 
-MODES = ("sync", "async")
 # Every message starts with a header of 4 integers. A worker's: kind, the version of its
 # parameters, a size (INIT: bytes that follow; PUSH: learning rates that follow, then the
 # gradients). A server's reply: status, its version, whether parameters follow (STATE: bytes),
@@ -547,10 +547,10 @@ class ParameterServerStrategy(
 
     def __init__(
         self,
-        num_servers: int = 1,
-        mode: str = "sync",
-        max_staleness: int = 0,
-        push_every: int = 1,
+        num_servers: PositiveInt = 1,
+        mode: Literal["sync", "async"] = "sync",
+        max_staleness: NonNegativeInt = 0,
+        push_every: PositiveInt = 1,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -832,12 +832,6 @@ def check_parameter_server(cfg: DictConfig) -> None:
             "strategy=ddp, or start torchrun with "
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1."
         )
-    for key, minimum in (("num_servers", 1), ("max_staleness", 0), ("push_every", 1)):
-        value = strategy.get(key)
-        if problem := number_problem(f"strategy.{key}", value, integer=True, minimum=minimum):
-            raise UserError(problem)
-    if strategy.mode not in MODES:
-        raise UserError(f"strategy.mode={strategy.mode} is not one of {', '.join(MODES)}.")
     if isinstance(trainer.devices, int):
         processes = trainer.devices * trainer.num_nodes
         if processes <= strategy.num_servers:

@@ -27,9 +27,10 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
+from annotated_types import doc
 
 from litforge.data.base import Mix
 from litforge.data.image_folder import (
@@ -41,15 +42,21 @@ from litforge.data.image_folder import (
 )
 from litforge.data.images import (
     MAX_IMAGE_PIXELS,
-    MAX_IMAGE_SIZE,
     AutoAugment,
     CropScale,
     ImageSize,
     Interpolation,
     SampleTransform,
 )
-from litforge.errors import UserError, number_problem
-from litforge.settings import NonNegativeInt, Positive, PositiveInt
+from litforge.errors import UserError
+from litforge.settings import (
+    Fraction,
+    NonNegativeInt,
+    Positive,
+    PositiveInt,
+    check_values,
+    parameters,
+)
 from litforge.streaming.samples import shard_sample
 
 log = logging.getLogger(__name__)
@@ -59,7 +66,7 @@ META_FORMAT = 1
 # What a shard sample holds: the image file's bytes (compact: a JPEG stays a JPEG; decoded every
 # epoch), or its decoded pixels at the size it was optimized for (no decoding when training: for
 # a 224×224 JPEG ~10× the bytes; the random crops can only cut into that size).
-STORES = ("files", "pixels")
+Store = Literal["files", "pixels"]
 
 
 def import_litdata():
@@ -127,42 +134,37 @@ def read_meta(input_dir: str) -> dict:
     return meta
 
 
+def flag(argument: str) -> str:
+    """The `optimize` command's option for an argument of `optimize_folder`."""
+    return "--workers" if argument == "num_workers" else f"--{argument.replace('_', '-')}"
+
+
 def optimize_folder(
     source: str,
     output: str,
-    val_fraction: float = 0.1,
-    test_fraction: float = 0.1,
+    val_fraction: Fraction = 0.1,
+    test_fraction: Fraction = 0.1,
     split_seed: int = 0,
-    on_bad_file: str = "error",
+    on_bad_file: Literal["error", "skip"] = "error",
     chunk_bytes: str = "64MB",
-    num_workers: int | None = None,
-    store: str = "files",
-    image_size: int | None = None,
-    channels: int | None = None,
-    max_image_pixels: int = MAX_IMAGE_PIXELS,
+    num_workers: PositiveInt | None = None,
+    store: Store = "files",
+    image_size: ImageSize | None = None,
+    channels: Literal[1, 3] | None = None,
+    max_image_pixels: PositiveInt = MAX_IMAGE_PIXELS,
 ) -> None:
     """Write the image folder `source` as streaming shards into `output` (see the module doc).
     `store="pixels"`: decoded uint8 pixels, fitted to `image_size` (default 224),
-    instead of the files' bytes: no decoding when training, for more disk (see STORES)."""
+    instead of the files' bytes: no decoding when training, for more disk (see Store)."""
+    given = {flag(name): value for name, value in locals().items()}
+    typed = parameters(f"{__name__}.optimize_folder")[0]  # (its annotations)
+    check_values(given, {flag(name): p.annotation for name, p in typed.items()})
     litdata = import_litdata()
-    if store not in STORES:
-        raise UserError(f"--store {store} is not one of: {', '.join(STORES)}.")
-    for problem in (
-        number_problem("--val-fraction", val_fraction),
-        number_problem("--test-fraction", test_fraction),
-        image_size is not None
-        and number_problem(
-            "--image-size", image_size, integer=True, minimum=1, maximum=MAX_IMAGE_SIZE
-        ),
-        num_workers is not None
-        and number_problem("--workers", num_workers, integer=True, minimum=1),
-        number_problem("--max-image-pixels", max_image_pixels, integer=True, minimum=1),
-        val_fraction + test_fraction >= 1
-        and "--val-fraction and --test-fraction leave no training images: their sum must be "
-        "below 1.",
-    ):
-        if problem:
-            raise UserError(problem)
+    if val_fraction + test_fraction >= 1:
+        raise UserError(
+            "--val-fraction and --test-fraction leave no training images: their sum must be "
+            "below 1."
+        )
     folder = ImageFolderDataModule(
         root=source,
         val_fraction=val_fraction,
@@ -281,7 +283,7 @@ class StreamingDataModule(ImageDataModule):
 
     def __init__(
         self,
-        input_dir: str,
+        input_dir: Annotated[str, doc("the OUT_DIR of `python -m litforge.streaming optimize`")],
         image_size: ImageSize | None = None,
         channels: Literal[1, 3] | None = None,
         batch_size: PositiveInt = 64,
