@@ -51,6 +51,13 @@ def test_hover_shows_the_default_and_the_files_comment():
     assert batch_size["description"].startswith("per process")
 
 
+def test_hover_shows_nested_keys_comments_and_a_required_settings_doc():
+    net = schema_of("model/cnn")["properties"]["net"]["properties"]
+    assert net["channels"]["anyOf"][0]["description"].startswith("output channels of each block")
+    root = schema_of("data/image_folder")["properties"]["root"]["anyOf"][0]
+    assert root["type"] == "string" and "train/" in root["description"]
+
+
 def test_a_forks_own_class_gets_a_schema_after_one_command(tmp_path, monkeypatch):
     (tmp_path / "mypkg").mkdir()
     (tmp_path / "mypkg" / "__init__.py").write_text("")
@@ -80,6 +87,7 @@ def test_a_forks_own_class_gets_a_schema_after_one_command(tmp_path, monkeypatch
         "type": "integer",
         "exclusiveMinimum": 0,
         "default": 8,
+        "description": "the hidden units",  # the option file's comment beside it
     }
     assert net["properties"]["act"]["anyOf"][0]["enum"] == ["relu", "gelu"]
     assert net["additionalProperties"] is False

@@ -21,12 +21,13 @@ import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
+from annotated_types import DocInfo
 from omegaconf import OmegaConf
 
 from litforge.checks import OTHERS
-from litforge.settings import parameters
+from litforge.settings import parameters, unpacked
 
 ROOT = Path.cwd()
 SCHEMAS = Path("conf/.schemas")
@@ -38,10 +39,7 @@ BOUNDS = {"gt": "exclusiveMinimum", "ge": "minimum", "lt": "exclusiveMaximum", "
 
 def schema_of(annotation: Any) -> dict:
     """The JSON Schema of values a parameter annotated `annotation` takes ({}: any)."""
-    constraints: list = []
-    if typing.get_origin(annotation) is Annotated:
-        annotation, *constraints = typing.get_args(annotation)
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    annotation, origin, args, constraints = unpacked(annotation)
     if origin in (typing.Union, types.UnionType):
         parts = [schema_of(arg) for arg in args]
         schema = {} if {} in parts else {"anyOf": parts}
@@ -74,15 +72,21 @@ def schema_of(annotation: Any) -> dict:
 
 
 def comments(path: Path) -> dict[str, str]:
-    """The comment beside each top-level key of a YAML file: `key: value  # comment`."""
-    found = {}
+    """The comment beside each key of a YAML file (`key: value  # comment`), by its dotted
+    path (`net.hidden_sizes`)."""
+    found, parents = {}, []  # parents: (indent, key) of the keys above this line
     for line in path.read_text().splitlines():
-        if match := re.match(r"^(\w+):[^#]*#\s*(.+)$", line):
-            found[match[1]] = match[2]
+        if not (match := re.match(r"^(\s*)(\w+):([^#]*)(?:#\s*(.+))?$", line)):
+            continue
+        indent = len(match[1])
+        parents = [(i, k) for i, k in parents if i < indent]
+        if match[4]:
+            found[".".join([*(k for _, k in parents), match[2]])] = match[4]
+        parents.append((indent, match[2]))
     return found
 
 
-def node_schema(node: dict, key: str, notes: dict[str, str] | None = None) -> dict:
+def node_schema(node: dict, key: str, notes: dict[str, str], prefix: str = "") -> dict:
     """The schema of config node `key` that names a class, and of the nodes inside it that do.
     Its keys: the constructor's arguments, typed as annotated (or as `checks.OTHERS` types the
     settings of classes not ours), Hydra's `_..._` keys, and any other key the file itself has
@@ -92,7 +96,7 @@ def node_schema(node: dict, key: str, notes: dict[str, str] | None = None) -> di
     for name in [*named, *(name for name in node if name not in named)]:
         value, here = node.get(name), f"{key}.{name}"
         if isinstance(value, dict) and "_target_" in value:
-            properties[name] = node_schema(value, here)
+            properties[name] = node_schema(value, here, notes, f"{prefix}{name}.")
             continue
         if name in named:
             schema = schema_of(OTHERS.get(here, named[name].annotation))
@@ -101,8 +105,10 @@ def node_schema(node: dict, key: str, notes: dict[str, str] | None = None) -> di
                 schema["default"] = default
         else:
             schema = schema_of(OTHERS[here]) if here in OTHERS else {}
-        if notes and name in notes:
-            schema["description"] = notes[name]
+        annotation = named[name].annotation if name in named else None
+        docs = [c for c in unpacked(annotation)[3] if isinstance(c, DocInfo)]
+        if f"{prefix}{name}" in notes or docs:
+            schema["description"] = notes.get(f"{prefix}{name}") or docs[0].documentation
         properties[name] = {"anyOf": [schema, INTERPOLATION]} if schema else schema
     schema = {"type": "object", "properties": properties, "patternProperties": {"^_.*_$": {}}}
     if not (open_ended or node.get("_partial_")):  # (a partial's caller may add arguments)
@@ -126,7 +132,7 @@ def file_schema(node: dict, group: str, notes: dict[str, str]) -> dict:
         schema = node_schema(node, group, notes)
     else:
         entries = {
-            name: node_schema(value, f"{group}.{name}")
+            name: node_schema(value, f"{group}.{name}", notes, f"{name}.")
             for name, value in node.items()
             if name != "defaults"
         }
