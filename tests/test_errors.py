@@ -73,15 +73,15 @@ def test_hydra_and_omegaconf_mistakes_are_shown_as_hydra_shows_them(tmp_path, ov
 
 
 @pytest.mark.slow
-def test_a_user_error_in_a_constructor_is_one_line(tmp_path):
-    # The network's constructor refuses it, inside the module's, inside Hydra's instantiate.
+def test_a_network_that_does_not_fit_the_images_is_one_line(tmp_path):
+    # Known once the data is: checked between building the data and the module.
     overrides = ["model=cnn", "model.net.channels=[8,8,8,8,8]", f"hydra.run.dir={tmp_path / 'run'}"]
     result = run_in_process("train.py", *overrides)
     assert result.returncode == 1
     errors = [text for text in result.stderr.splitlines() if text.strip()]
     assert errors[-1] == (
-        "error: 5 pooling blocks shrink 28×28 images to nothing: use fewer entries in "
-        "model.net.channels."
+        "error: model.net.channels: 5 pooling blocks shrink 28×28 images to nothing: use fewer "
+        "entries, or a larger data.image_size."
     ), result.stderr
     # nothing else from Hydra: no traceback, no "Error executing job", no HYDRA_FULL_ERROR hint
     assert not any(word in result.stderr for word in ("Traceback", "Error executing", "HYDRA_"))
@@ -173,6 +173,14 @@ def test_hydra_full_error_still_shows_the_traceback(tmp_path):
         ("data=image_folder data.root=x data.mean=[0] data.std=[-1]", "data.std=[-1]: each value"),
         ("data=image_folder data.root=x data.std=[1]", "data.mean and data.std go together"),
         ("data=image_folder data.root=x data.channels=2", "data.channels=2: must be one of: 1, 3"),
+        (
+            "data=image_folder data.root=x data.channels=1 data.mean=[0,0,0] data.std=[1,1,1]",
+            "data.mean and data.std hold 3 and 3 values for data.channels=1: give one per channel",
+        ),
+        (
+            "data=image_folder data.root=x data.mean=[0,0] data.std=[1,1]",  # no 2-channel images
+            "data.mean and data.std hold 2 and 2 values: give one per channel (1 or 3), or null",
+        ),
     ],
 )
 def test_bad_config_values_are_refused_before_reading_data(tmp_path, override, message):

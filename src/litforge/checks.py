@@ -3,7 +3,7 @@ value of `data` and `model` against the annotation of the constructor that takes
 (`settings.check_targets`), the settings no constructor of ours takes (`OTHERS`), and the
 settings that cannot work together (`check_data`, `check_strategy`, ...)."""
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 from annotated_types import Ge
@@ -81,6 +81,14 @@ def check_data(data: DictConfig) -> None:
         data.get("std") is None
     ):
         raise UserError("data.mean and data.std go together: give both or neither.")
+    mean, std, channels = data.get("mean"), data.get("std"), data.get("channels")
+    counts = {len(mean), len(std), *([channels] if channels else [])} if mean and std else {1}
+    if len(counts) > 1 or not counts <= {1, 3}:
+        given = f" for data.channels={channels}" if channels else ""
+        raise UserError(
+            f"data.mean and data.std hold {len(mean)} and {len(std)} values{given}: give one "
+            f"per channel (1 or 3), or null for ImageNet's."
+        )
     crop = data.get("crop_scale")
     if crop is not None and crop[0] > crop[1]:
         raise UserError(
@@ -97,6 +105,34 @@ def check_data(data: DictConfig) -> None:
             f"data.val_size={data.val_size} must be below the {images} training images of "
             f"{dataset.name}."
         )
+
+
+def check_network(net: DictConfig | None, input_shape: list[int]) -> None:
+    """A network's settings that do not fit the data's images (known once the data is)."""
+    target = str((net or {}).get("_target_", ""))
+    blocks = len(net.get("channels") or ()) if target.endswith(".CNN") else 0
+    height, width = input_shape[1:]
+    if height >> blocks == 0 or width >> blocks == 0:  # each CNN block halves them
+        raise UserError(
+            f"model.net.channels: {blocks} pooling blocks shrink {height}×{width} images to "
+            f"nothing: use fewer entries, or a larger data.image_size."
+        )
+
+
+def check_shares(datamodule: Any, trainer: Any, splits: list[str]) -> None:
+    """Each process evaluates its own share of a split: fewer images than processes would leave
+    one with none (Lightning's sampler asserts in it). Refused before the processes start."""
+    processes = trainer.world_size
+    sizes = datamodule.split_sizes() if hasattr(datamodule, "split_sizes") else {}
+    for split in splits:
+        count, settings = sizes.get(split, (0, ""))
+        if 0 < count < processes:
+            name = {"val": "validation"}.get(split, split)
+            raise UserError(
+                f"{count} {name} images for {processes} processes (trainer.devices × "
+                f"trainer.num_nodes): each process needs one or more. Add {name} images "
+                f"({settings}), or use fewer processes."
+            )
 
 
 def accelerator_is_cpu(accelerator: str) -> bool:

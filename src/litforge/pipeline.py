@@ -22,9 +22,15 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from litforge import checkpoints
 from litforge.callbacks import LogRunConfig
-from litforge.checks import accelerator_is_cpu, check_config
+from litforge.checks import (
+    accelerator_is_cpu,
+    check_config,
+    check_data,
+    check_network,
+    check_shares,
+)
 from litforge.console import CONFIG_TREE, print_config, print_metrics, quiet_lightning
-from litforge.data.base import DataModule, model_arguments
+from litforge.data.base import model_arguments
 from litforge.errors import UserError, user_error
 from litforge.hooks import (
     ChecksFit,  # feature: model_parallel
@@ -112,6 +118,7 @@ def _target_class(entry: Any) -> Any:
 
 def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
     check_targets(cfg.data, "data")  # again: a checkpoint's settings or a feature's may be in
+    check_data(cfg.data)
     # Plain lists and dicts: the settings go into checkpoints, read with weights_only=True.
     return instantiate(cfg.data, _convert_="all")
 
@@ -121,6 +128,7 @@ def build_model(cfg: DictConfig, datamodule: L.LightningDataModule) -> L.Lightni
     `model_arguments`) where its constructor takes it and the config does not set it. Its
     configs (net, optimizer, scheduler) stay configs: the module builds them."""
     arguments = model_arguments(datamodule)
+    check_network(cfg.model.get("net"), arguments["input_shape"])
     declared = parameters(hydra.utils.get_class(cfg.model._target_))
     given = {k: v for k, v in arguments.items() if k in declared and k not in cfg.model}
     model = instantiate(cfg.model, **given, _recursive_=False)
@@ -286,22 +294,6 @@ def check_fits(
                 f"with {old.get('_target_')}: a resumed run goes on from the saved {key} "
                 f"state, which fits only that. Resume with the {key} it was trained with, "
                 f"or start a new run."
-            )
-
-
-def check_shares(datamodule: L.LightningDataModule, trainer: L.Trainer, splits: list[str]) -> None:
-    """Each process evaluates its own share of a split: fewer images than processes would leave
-    one with none (Lightning's sampler asserts in it). Refused before the processes start."""
-    processes = trainer.world_size
-    sizes = datamodule.split_sizes() if isinstance(datamodule, DataModule) else {}
-    for split in splits:
-        count, settings = sizes.get(split, (0, ""))
-        if 0 < count < processes:
-            name = {"val": "validation"}.get(split, split)
-            raise UserError(
-                f"{count} {name} images for {processes} processes (trainer.devices × "
-                f"trainer.num_nodes): each process needs one or more. Add {name} images "
-                f"({settings}), or use fewer processes."
             )
 
 

@@ -109,10 +109,7 @@ def test_null_settings_are_what_imagenet_pretrained_networks_take(tmp_path):
     given = make(root, channels=3, mean=[0.5] * 3, std=[0.2] * 3)
     given.inspect()
     assert (given.channels, given.mean, given.std) == (3, [0.5] * 3, [0.2] * 3)
-    with pytest.raises(UserError, match="data.mean/data.std have 3/3 values for 1-channel images"):
-        make(root, channels=1, mean=[0.5] * 3, std=[0.2] * 3).inspect()
-    with pytest.raises(UserError, match="data.mean/data.std have 2/2 values for 3-channel images"):
-        make(root, mean=[0.5] * 2, std=[0.2] * 2).inspect()  # no 2-channel images
+    # (a count that fits no channels: tests/test_errors.py, before anything is read)
 
 
 def test_batches_are_uint8_until_normalized_on_the_device(tmp_path):

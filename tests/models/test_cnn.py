@@ -1,7 +1,6 @@
 import pytest
 import torch
 
-from litforge.errors import UserError
 from litforge.models.cnn import CNN
 
 
@@ -29,11 +28,6 @@ def test_pool_size_keeps_where_features_are():
     net = CNN(input_shape=(1, 28, 28), num_classes=10, channels=[8, 16], pool_size=3)
     head = [m for m in net.head if isinstance(m, torch.nn.Linear)][0]
     assert head.in_features == 16 * 3 * 3
-
-
-def test_too_many_blocks_for_the_image_size_is_a_clear_error():
-    with pytest.raises(UserError, match="5 pooling blocks shrink 28×28 images to nothing"):
-        CNN(input_shape=(1, 28, 28), num_classes=10, channels=[8] * 5)
 
 
 def test_convs_per_block_stacks_convolutions_before_each_pool():

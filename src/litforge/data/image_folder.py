@@ -290,12 +290,6 @@ class ImageFolderDataModule(ImageDataModule):
         self.mean, self.std = default_statistics(self.channels)
         if hp.mean is not None:
             self.mean, self.std = list(hp.mean), list(hp.std)
-            if len(self.mean) != self.channels or len(self.std) != self.channels:
-                raise UserError(
-                    f"data.mean/data.std have {len(self.mean)}/{len(self.std)} values for "
-                    f"{self.channels}-channel images: give one per channel, or null for "
-                    f"ImageNet's."
-                )
         sizes = ", ".join(f"{s} {sum(map(len, self.splits[s].values()))}" for s in SPLITS)
         carved = f" ({' and '.join(missing)} carved from train)" if missing else ""
         carved += f" (val: fold {hp.fold} of {hp.num_folds})" if hp.num_folds else ""

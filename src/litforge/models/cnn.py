@@ -7,7 +7,6 @@ import torch
 from annotated_types import MinLen
 from torch import nn
 
-from litforge.errors import UserError
 from litforge.settings import Fraction, PositiveInt
 
 
@@ -29,11 +28,6 @@ class CNN(nn.Module):
     ) -> None:
         super().__init__()
         in_channels, height, width = input_shape
-        if height >> len(channels) == 0 or width >> len(channels) == 0:
-            raise UserError(
-                f"{len(channels)} pooling blocks shrink {height}×{width} images to nothing: "
-                "use fewer entries in model.net.channels."
-            )
         act = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}[activation]
         blocks: list[nn.Module] = []
         conv_args = {"kernel_size": kernel_size, "padding": kernel_size // 2, "bias": False}
