@@ -153,6 +153,12 @@ def test_hydra_full_error_still_shows_the_traceback(tmp_path):
             "AdamW takes no argument lrr (did you mean model.optimizer.lr?)",
         ),
         ("+model.scheduler.eta_mn=0", "(did you mean model.scheduler.eta_min?)"),
+        ("+model.scheduler.interval=hour", "model.scheduler.interval=hour: must be one of: epoch,"),
+        (
+            "model.scheduler._target_=torch.optim.lr_scheduler.ReduceLROnPlateau "
+            "~model.scheduler.T_max",
+            "model.scheduler.monitor is not set. Add +model.scheduler.monitor=val/loss",
+        ),
         ("strategy=ddp +strategy.find_unused=1", "(did you mean strategy.find_unused_parameters?)"),
         ("+data.bach_size=8", "(did you mean data.batch_size?)"),
         ("data.batch_size=1.5", "data.batch_size=1.5: must be an integer."),

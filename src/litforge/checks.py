@@ -29,6 +29,12 @@ OTHERS = {
     "optimized_metric_mode": Literal["max", "min"],
     "model.optimizer.lr": Positive,
     "model.optimizer.weight_decay": NonNegative,
+    # Lightning's scheduler settings, which the module takes from model.scheduler:
+    "model.scheduler.interval": Literal["epoch", "step"],
+    "model.scheduler.frequency": PositiveInt,
+    "model.scheduler.monitor": str,
+    "model.scheduler.strict": bool,
+    "model.scheduler.name": str | None,
     "trainer.max_epochs": Annotated[int, Ge(-1)] | None,
     "trainer.accumulate_grad_batches": PositiveInt,
     "trainer.gradient_clip_val": NonNegative | None,
@@ -56,6 +62,8 @@ def check_config(cfg: DictConfig, needs_checkpoint: bool = False) -> None:
             "no checkpoint given: add ckpt_path=<file or folder>, e.g. "
             "logs/train/runs/<run>/checkpoints/last.ckpt"
         )
+    if "model" in cfg:
+        check_model(cfg.model)
     check_accelerator(cfg)
     check_strategy(cfg)
     check_precision(cfg)
@@ -105,6 +113,19 @@ def check_data(data: DictConfig) -> None:
             f"data.val_size={data.val_size} must be below the {images} training images of "
             f"{dataset.name}."
         )
+
+
+def check_model(model: DictConfig) -> None:
+    """Module settings that need another."""
+    scheduler = model.get("scheduler") or {}
+    if str(scheduler.get("_target_")).endswith("ReduceLROnPlateau") and "monitor" not in scheduler:
+        raise UserError(
+            "model.scheduler: ReduceLROnPlateau steps on a logged metric, and "
+            "model.scheduler.monitor is not set. Add +model.scheduler.monitor=val/loss "
+            "(or another metric the run logs)."
+        )
+    if model.get("backbone_lr_scale", 1) != 1 and "lr" not in (model.get("optimizer") or {}):
+        raise UserError("model.backbone_lr_scale needs model.optimizer.lr to scale.")
 
 
 def check_network(net: DictConfig | None, input_shape: list[int]) -> None:

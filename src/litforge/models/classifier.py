@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
-from torch.optim.lr_scheduler import ReduceLROnPlateau
 from torchmetrics import MaxMetric, MeanMetric, MetricCollection
 from torchmetrics.classification import (
     MulticlassAccuracy,
@@ -213,8 +212,6 @@ class ClassificationModule(L.LightningModule):
         scale = self.hparams.backbone_lr_scale
         if not isinstance(backbone, torch.nn.Module) or scale == 1:
             return [{"params": list(self.parameters())}]
-        if "lr" not in self.hparams.optimizer:
-            raise UserError("model.backbone_lr_scale needs model.optimizer.lr to scale.")
         in_backbone = {id(p) for p in backbone.parameters()}
         head = [p for p in self.parameters() if id(p) not in in_backbone]
         lr = self.hparams.optimizer["lr"] * scale
@@ -234,10 +231,4 @@ class ClassificationModule(L.LightningModule):
             scheduler = instantiate(config)(optimizer=optimizer)
         except TypeError as err:
             raise UserError(f"model.scheduler: {err}") from err
-        if isinstance(scheduler, ReduceLROnPlateau) and not settings.get("monitor"):
-            raise UserError(
-                "model.scheduler: ReduceLROnPlateau steps on a logged metric, and "
-                "model.scheduler.monitor is not set. Add +model.scheduler.monitor=val/loss "
-                "(or another metric the run logs)."
-            )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, **settings}}
