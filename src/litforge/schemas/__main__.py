@@ -93,7 +93,8 @@ def node_schema(node: dict, key: str, notes: dict[str, str], prefix: str = "") -
     (one the pipeline reads, as `trainer.float32_matmul_precision`)."""
     named, open_ended = parameters(node["_target_"])
     properties: dict[str, dict] = {"_target_": {"type": "string", "default": node["_target_"]}}
-    for name in [*named, *(name for name in node if name not in named)]:
+    typed = [k.removeprefix(f"{key}.") for k in OTHERS if k.rpartition(".")[0] == key]
+    for name in dict.fromkeys([*named, *typed, *node]):
         value, here = node.get(name), f"{key}.{name}"
         if isinstance(value, dict) and "_target_" in value:
             properties[name] = node_schema(value, here, notes, f"{prefix}{name}.")
@@ -111,7 +112,7 @@ def node_schema(node: dict, key: str, notes: dict[str, str], prefix: str = "") -
             schema["description"] = notes.get(f"{prefix}{name}") or docs[0].documentation
         properties[name] = {"anyOf": [schema, INTERPOLATION]} if schema else schema
     schema = {"type": "object", "properties": properties, "patternProperties": {"^_.*_$": {}}}
-    if not (open_ended or node.get("_partial_")):  # (a partial's caller may add arguments)
+    if not open_ended:
         schema["additionalProperties"] = False
     return schema
 
