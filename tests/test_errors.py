@@ -184,6 +184,10 @@ def test_hydra_full_error_still_shows_the_traceback(tmp_path):
             "data.mean and data.std hold 3 and 3 values for data.channels=1: give one per channel",
         ),
         (
+            "data=image_folder data.root=x data.mean=[] data.std=[]",
+            "data.mean and data.std hold 0 and 0 values: give one per channel (1 or 3)",
+        ),
+        (
             "data=image_folder data.root=x data.mean=[0,0] data.std=[1,1]",  # no 2-channel images
             "data.mean and data.std hold 2 and 2 values: give one per channel (1 or 3), or null",
         ),

@@ -90,11 +90,12 @@ def check_data(data: DictConfig) -> None:
     ):
         raise UserError("data.mean and data.std go together: give both or neither.")
     mean, std, channels = data.get("mean"), data.get("std"), data.get("channels")
-    counts = {len(mean), len(std), *([channels] if channels else [])} if mean and std else {1}
+    given = mean is not None and std is not None
+    counts = {len(mean), len(std), *([channels] if channels else [])} if given else {1}
     if len(counts) > 1 or not counts <= {1, 3}:
-        given = f" for data.channels={channels}" if channels else ""
+        which = f" for data.channels={channels}" if channels else ""
         raise UserError(
-            f"data.mean and data.std hold {len(mean)} and {len(std)} values{given}: give one "
+            f"data.mean and data.std hold {len(mean)} and {len(std)} values{which}: give one "
             f"per channel (1 or 3), or null for ImageNet's."
         )
     crop = data.get("crop_scale")
