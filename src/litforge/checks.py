@@ -118,14 +118,16 @@ def check_data(data: DictConfig) -> None:
 
 def check_model(model: DictConfig) -> None:
     """Module settings that need another."""
-    scheduler = model.get("scheduler") or {}
+    scheduler, optimizer = model.get("scheduler"), model.get("optimizer")
+    scheduler = scheduler if isinstance(scheduler, DictConfig) else {}  # (a class of yours may
+    optimizer = optimizer if isinstance(optimizer, DictConfig) else {}  # take other kinds)
     if str(scheduler.get("_target_")).endswith("ReduceLROnPlateau") and "monitor" not in scheduler:
         raise UserError(
             "model.scheduler: ReduceLROnPlateau steps on a logged metric, and "
             "model.scheduler.monitor is not set. Add +model.scheduler.monitor=val/loss "
             "(or another metric the run logs)."
         )
-    if model.get("backbone_lr_scale", 1) != 1 and "lr" not in (model.get("optimizer") or {}):
+    if model.get("backbone_lr_scale", 1) != 1 and optimizer and "lr" not in optimizer:
         raise UserError("model.backbone_lr_scale needs model.optimizer.lr to scale.")
 
 

@@ -107,6 +107,8 @@ def type_problem(
         return None if ok else "must be a number"
     if annotation is str:
         return None if isinstance(value, str) else "must be a string"
+    if annotation is dict or origin in (dict, Mapping):
+        return None if isinstance(value, Mapping) else "must be a mapping"
     if origin in (list, tuple, Sequence, typing.Sequence):
         fixed = origin is tuple and args and args[-1] is not Ellipsis
         if not isinstance(value, (list, tuple)) or (fixed and len(value) != len(args)):
@@ -159,16 +161,20 @@ def parameters(target: str) -> tuple[dict[str, inspect.Parameter], bool]:
         function = functions.pop(0)
         try:
             signature = inspect.signature(function)
+        except (TypeError, ValueError):  # (a builtin's)
+            return named, True
+        try:
             hints = typing.get_type_hints(function, include_extras=True)
-        except Exception as err:  # no signature, or annotations that do not evaluate
+        except Exception as err:  # annotations that do not evaluate
             if "site-packages" not in (inspect.getsourcefile(function) or "site-packages"):
                 log.warning(f"{target}'s settings are not checked: its annotations fail ({err})")
-            return named, True
+                return named, True
+            hints = {}  # a library's: its arguments' names still count, their types unchecked
         method = function.__name__ == "__init__"
         given = list(signature.parameters.values())[method:]  # (not `self`)
         for p in given:
             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-                named.setdefault(p.name, p.replace(annotation=hints.get(p.name, p.annotation)))
+                named.setdefault(p.name, p.replace(annotation=hints.get(p.name, Any)))
         if not any(p.kind == p.VAR_KEYWORD for p in given):
             return named, False
         module = getattr(function, "__module__", None) or ""  # (object's has none)

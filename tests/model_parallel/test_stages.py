@@ -171,7 +171,11 @@ def test_cnn_in_two_stages_of_two_tensor_parallel_processes(data):
         (["strategy.schedule=zigzag"], "strategy.schedule=zigzag: must be one of: gpipe, 1f1b"),
         (["strategy.microbatches=1"], "needs at least one microbatch per stage"),
         (
-            ["model.scheduler._target_=torch.optim.lr_scheduler.ReduceLROnPlateau"],
+            [
+                "model.scheduler._target_=torch.optim.lr_scheduler.ReduceLROnPlateau",
+                "~model.scheduler.T_max",
+                "+model.scheduler.monitor=val/loss",
+            ],
             "ReduceLROnPlateau is not supported",
         ),
         (

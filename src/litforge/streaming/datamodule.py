@@ -135,8 +135,9 @@ def read_meta(input_dir: str) -> dict:
 
 
 def flag(argument: str) -> str:
-    """The `optimize` command's option for an argument of `optimize_folder`."""
-    return "--workers" if argument == "num_workers" else f"--{argument.replace('_', '-')}"
+    """How the `optimize` command names an argument of `optimize_folder`."""
+    named = {"num_workers": "--workers", "source": "SOURCE", "output": "OUTPUT"}
+    return named.get(argument, f"--{argument.replace('_', '-')}")
 
 
 def optimize_folder(
@@ -146,7 +147,7 @@ def optimize_folder(
     test_fraction: Fraction = 0.1,
     split_seed: int = 0,
     on_bad_file: Literal["error", "skip"] = "error",
-    chunk_bytes: str = "64MB",
+    chunk_bytes: int | str = "64MB",
     num_workers: PositiveInt | None = None,
     store: Store = "files",
     image_size: ImageSize | None = None,
