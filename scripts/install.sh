@@ -15,3 +15,6 @@ if [ ! -f "requirements/$profile.txt" ]; then
 fi
 "$python" -m pip install --require-hashes -r "requirements/$profile.txt"
 "$python" -m pip install --no-deps -e .
+# What was installed from, for a run's record of its environment
+"$python" -c "import hashlib, sys; print(sys.argv[1], hashlib.sha256(open(sys.argv[1], 'rb').read()).hexdigest())" \
+  "requirements/$profile.txt" > .installed-from
