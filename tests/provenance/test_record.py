@@ -97,3 +97,46 @@ def test_a_checkpoints_commit_that_is_no_commit_is_not_shown(tmp_path, commit, c
     with caplog.at_level(logging.INFO):
         callback.load_state_dict({"commit": commit, "dirty": True})
     assert "names no commit" in caplog.text and "\x1b" not in caplog.text
+
+
+def test_untracked_files_alone_leave_the_tree_clean_and_a_non_utf8_change_is_kept(tmp_path):
+    from litforge.provenance import collect
+
+    project(tmp_path / "repo", dirty=False)
+    (tmp_path / "repo" / "notes.txt").write_text("new\n")
+    record, diff = collect(tmp_path / "repo", started=__import__("datetime").datetime.now())
+    assert record["git"]["dirty"] is False and record["git"]["untracked"] == ["notes.txt"]
+    assert diff is None
+    (tmp_path / "repo" / "train.py").write_bytes("print('été')\n".encode("latin-1"))
+    record, diff = collect(tmp_path / "repo", started=__import__("datetime").datetime.now())
+    assert record["git"]["dirty"] is True and b"print('\xe9t\xe9')" in diff
+
+
+def test_a_run_resumed_into_its_folder_keeps_the_earlier_record(tmp_path):
+    from litforge.provenance import RecordProvenance
+
+    project(tmp_path / "repo", dirty=True)
+    run = tmp_path / "run"
+    for _ in range(2):  # the first start, then a requeued one
+        callback = RecordProvenance(str(run), root=str(tmp_path / "repo"))
+        callback.record = {"git": {"dirty": True}}
+        callback.write(b"the changes")
+    assert sorted(p.name for p in run.iterdir()) == [
+        "provenance-1.diff",
+        "provenance-1.json",
+        "provenance.diff",
+        "provenance.json",
+    ]
+
+
+@pytest.mark.parametrize("state", [[1], "x", {"commit": "a" * 40}])
+def test_a_checkpoint_state_of_another_shape_or_a_run_outside_git_says_nothing_wrong(
+    tmp_path, state, caplog
+):
+    from litforge.provenance import RecordProvenance
+
+    callback = RecordProvenance(str(tmp_path), root=str(tmp_path))
+    callback.record = {"git": {"commit": None}}  # this run: outside a checkout
+    with caplog.at_level(logging.INFO):
+        callback.load_state_dict(state)
+    assert "this run is at" not in caplog.text

@@ -13,6 +13,7 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -26,12 +27,14 @@ log = logging.getLogger(__name__)
 INSTALLED_FROM = ".installed-from"
 
 
-def git(root: Path, *args: str) -> str | None:
-    """`git -C root <args>`'s output, or None outside a git checkout or without git."""
+# A diff larger than this is not kept (a large binary file changed): the record says so.
+MAX_DIFF_BYTES = 10_000_000
+
+
+def git(root: Path, *args: str) -> bytes | None:
+    """`git -C root <args>`'s output, or None: outside a git checkout, without git, or slow."""
     try:
-        done = subprocess.run(
-            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10
-        )
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout if done.returncode == 0 else None
@@ -58,20 +61,34 @@ def version(package: str) -> str | None:
         return None
 
 
-def collect(root: Path, started: datetime.datetime) -> tuple[dict[str, Any], str | None]:
+def changes(root: Path) -> tuple[dict[str, Any], bytes | None]:
+    """Whether the checkout's tracked files have uncommitted changes (None: unknown), its
+    untracked files, and the changes (`git diff HEAD`) when there are some and they fit."""
+    status = git(root, "status", "--porcelain")
+    if status is None:
+        return {"dirty": None, "note": "git status failed"}, None
+    lines = status.decode(errors="replace").splitlines()
+    found = {
+        "dirty": any(not line.startswith("?? ") for line in lines),  # tracked files changed
+        "untracked": [line[3:] for line in lines if line.startswith("?? ")],
+    }
+    diff = git(root, "diff", "HEAD", "--binary") if found["dirty"] else None
+    if found["dirty"] and (diff is None or len(diff) > MAX_DIFF_BYTES):
+        found["note"] = "the changes were not saved: git diff failed or passed 10 MB"
+        diff = None
+    return found, diff
+
+
+def collect(root: Path, started: datetime.datetime) -> tuple[dict[str, Any], bytes | None]:
     """The provenance of a run started at `started` from the project at `root`, and the
     uncommitted changes (`git diff HEAD`) when there are some."""
     commit = git(root, "rev-parse", "HEAD")
-    status = git(root, "status", "--porcelain") if commit else None
-    dirty = bool(status and status.strip())
-    diff = git(root, "diff", "HEAD", "--binary") if dirty else None
-    untracked = [line[3:] for line in (status or "").splitlines() if line.startswith("?? ")]
+    found, diff = changes(root) if commit else ({}, None)
     cuda = torch.cuda.is_available()
     record = {
         "git": {
-            "commit": commit.strip() if commit else None,
-            "dirty": dirty,
-            "untracked": untracked,
+            "commit": commit.decode().strip() if commit else None,
+            **found,
             **({} if commit else {"note": f"{root} is no git checkout (or git is missing)"}),
         },
         "lock": lock(root),
@@ -102,17 +119,38 @@ class RecordProvenance(L.Callback):
         self.root = Path(root or Path(sys.argv[0]).resolve().parent)
         self.started = datetime.datetime.now(datetime.timezone.utc).astimezone()
         self.record: dict[str, Any] | None = None
+        self.trained = False
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.record is not None or not trainer.is_global_zero:
             return
-        self.record, diff = collect(self.root, self.started)
-        self.dirpath.mkdir(parents=True, exist_ok=True)
-        if diff is not None:
-            (self.dirpath / "provenance.diff").write_text(diff)
-        (self.dirpath / "provenance.json").write_text(json.dumps(self.record, indent=2) + "\n")
+        try:
+            self.record, diff = collect(self.root, self.started)
+            self.write(diff)
+        except Exception as err:  # (a record is no reason to stop training)
+            log.warning(f"provenance: not recorded ({type(err).__name__}: {err})")
+            return
         for logger in trainer.loggers:
             logger.log_hyperparams({"provenance": self.record})
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.trained = True  # (the test after training reads this run's own checkpoint)
+
+    def write(self, diff: bytes | None) -> None:
+        """provenance.json (and .diff); a run resumed into its folder moves the earlier ones to
+        provenance-1.json (-2, ...) first."""
+        self.dirpath.mkdir(parents=True, exist_ok=True)
+        earlier = self.dirpath / "provenance.json"
+        if earlier.exists():
+            n = 1
+            while (self.dirpath / f"provenance-{n}.json").exists():
+                n += 1
+            for suffix in (".json", ".diff"):
+                if (old := self.dirpath / f"provenance{suffix}").exists():
+                    old.rename(self.dirpath / f"provenance-{n}{suffix}")
+        if diff is not None:
+            (self.dirpath / "provenance.diff").write_bytes(diff)
+        earlier.write_text(json.dumps(self.record, indent=2) + "\n")
 
     def state_dict(self) -> dict[str, Any]:
         git_state = (self.record or {}).get("git", {})
@@ -121,15 +159,15 @@ class RecordProvenance(L.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """A checkpoint's (resumed, or tested by eval.py): its commit said, and whether it is
         another than this run's (a string from the file: shown, never used)."""
-        if self.record is None:  # (only rank 0 has one)
-            return
+        if self.record is None or self.trained or not isinstance(state_dict, Mapping):
+            return  # (only rank 0 has a record)
         trained, now = state_dict.get("commit"), self.record["git"]["commit"]
         if not (isinstance(trained, str) and re.fullmatch("[0-9a-f]{40}", trained)):
             log.info("The checkpoint names no commit (trained outside a git checkout).")
             return
         dirty = " with uncommitted changes" if state_dict.get("dirty") is True else ""
         log.info(f"The checkpoint was trained at commit {trained}{dirty}.")
-        if now != trained:
+        if now is not None and now != trained:
             log.warning(
                 f"The checkpoint was trained at commit {trained}, this run is at {now}: the "
                 f"code may differ (git diff {trained} {now})."
