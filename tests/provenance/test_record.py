@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 import torch
+import yaml
 from helpers import compose_config
 
 from litforge.pipeline import evaluate, train
@@ -53,7 +54,7 @@ def test_a_run_from_a_dirty_tree_records_its_commit_and_keeps_the_diff(tmp_path,
     assert record["started"][:4].isdigit()
     # sent to the loggers with the run config, and kept in checkpoints
     [hparams] = run.glob("**/hparams.yaml")
-    assert commit in hparams.read_text()
+    assert yaml.safe_load(hparams.read_text())["provenance"]["git"]["commit"] == commit
     saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["callbacks"]
     assert {"commit": commit, "dirty": True} in saved.values()
 

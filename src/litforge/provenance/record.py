@@ -94,7 +94,7 @@ def collect(root: Path, started: datetime.datetime) -> tuple[dict[str, Any], byt
         "lock": lock(root),
         "versions": {
             "python": platform.python_version(),
-            "torch": torch.__version__,
+            "torch": str(torch.__version__),  # (a str subclass: YAML writers would tag it)
             "lightning": version("lightning"),
             "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version() if cuda else None,
