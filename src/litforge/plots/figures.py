@@ -1,5 +1,6 @@
-"""Pictures of a run: the test confusion matrix, the loss and accuracy curves. matplotlib is
-imported only to draw, non-interactive: it costs start-up time and needs no display."""
+"""Pictures of a run: the test confusion matrix, the loss and accuracy curves, the mistakes.
+matplotlib is imported only to draw, non-interactive: it costs start-up time and needs no
+display."""
 
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,6 +52,23 @@ def curves(epochs: dict[int, dict[str, float]], path: Path):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend()
         ax.grid(alpha=0.3)
+    return save(fig, path)
+
+
+def mistakes(images: Sequence[torch.Tensor], titles: Sequence[str], path: Path):
+    """`images` (C×H×W, uint8) in a grid, each under its title."""
+    plt = pyplot()
+    columns = min(4, len(images))
+    rows = -(-len(images) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(2.6 * columns, 2.9 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, image, title in zip(axes.flat, images, titles, strict=False):
+        pixels = image.permute(1, 2, 0).numpy()
+        gray = pixels.shape[2] == 1
+        ax.imshow(pixels[..., 0] if gray else pixels, cmap="gray" if gray else None)
+        ax.set_title(title, fontsize=8)
+    fig.suptitle("The test images most confidently wrong")
     return save(fig, path)
 
 
