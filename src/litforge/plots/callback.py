@@ -44,6 +44,10 @@ class ClassificationPlots(L.Callback):
             self._publish(trainer, figures.curves(self.epochs, path), path)
 
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        loaders = trainer.test_dataloaders
+        loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
+        if isinstance(getattr(loader, "dataset", None), torch.utils.data.IterableDataset):
+            return  # a stream (data=streaming) says no sample's index: no mistakes.png
         if self.mistakes:  # the module's output, as the test step computes it (not run again)
             self.found = Mistakes(self.mistakes, pl_module.device)
             self._hook = pl_module.register_forward_hook(self._keep_logits)

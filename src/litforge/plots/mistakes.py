@@ -1,7 +1,8 @@
 """The test images the model got most confidently wrong: `plots/mistakes.png`. During the test,
 each process keeps on its device the `count` most confident mistakes it has seen (their
 positions in its share of the test set, no copy to the host per batch); at the end rank 0 reads
-only those images back from the test set, whatever holds it (memory, files, shards)."""
+only those images back from the test set by index (memory or files; not a stream's shards,
+whose samples carry no index)."""
 
 from typing import Any
 
