@@ -47,7 +47,7 @@ class ClassificationPlots(L.Callback):
         loaders = trainer.test_dataloaders
         loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
         if isinstance(getattr(loader, "dataset", None), torch.utils.data.IterableDataset):
-            return  # a stream (data=streaming) says no sample's index: no mistakes.png
+            return  # an iterable dataset gives no sample index to read back: no mistakes.png
         if self.mistakes:  # the module's output, as the test step computes it (not run again)
             self.found = Mistakes(self.mistakes, pl_module.device)
             self._hook = pl_module.register_forward_hook(self._keep_logits)

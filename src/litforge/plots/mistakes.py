@@ -1,8 +1,8 @@
 """The test images the model got most confidently wrong: `plots/mistakes.png`. During the test,
 each process keeps on its device the `count` most confident mistakes it has seen (their
 positions in its share of the test set, no copy to the host per batch); at the end rank 0 reads
-only those images back from the test set by index (memory or files; not a stream's shards,
-whose samples carry no index)."""
+only those images back from the test set by index (memory or files; not an iterable dataset's
+stream, whose samples carry no index)."""
 
 from typing import Any
 
@@ -54,7 +54,7 @@ class Mistakes:
 
 def dataset_indices(loader: Any) -> list[int] | None:
     """The test-set index of each position in this process's share (its loader's sampler), or
-    None where the loader does not say (a streaming dataset: its own order)."""
+    None where the loader does not say."""
     sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
     sampler = sampler if sampler is not None else getattr(loader, "sampler", None)
     if sampler is None:
