@@ -29,7 +29,8 @@ def timed_tests(overrides: list[str], rounds: int, folder: Path) -> dict[int, fl
 
     from litforge.pipeline import build_datamodule, build_model, build_trainer, start
 
-    cfg = compose_config("train", folder, [*overrides, "logger=none", "trainer.max_epochs=1"])
+    quiet = ["logger=none", "callbacks.rich_progress_bar=null", "+trainer.enable_progress_bar=false"]
+    cfg = compose_config("train", folder, [*overrides, *quiet, "trainer.max_epochs=1"])
     start(cfg)
     datamodule, model = build_datamodule(cfg), build_model(cfg, build_datamodule(cfg))
     times: dict[int, list[float]] = {16: [], 0: []}

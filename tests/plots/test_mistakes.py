@@ -55,7 +55,7 @@ def test_an_rgb_image_folder_run_draws_its_mistakes(tmp_path):
     metrics = train(compose_config("train", tmp_path, [*data, *run]))
     assert metrics["test/acc"] < 0.5
     drawn = (tmp_path / "run" / "plots" / "mistakes.png").read_bytes()
-    assert drawn.startswith(PNG) and len(drawn) > 20_000
+    assert drawn.startswith(PNG) and len(drawn) > 5_000
 
 
 @pytest.mark.slow
@@ -76,4 +76,4 @@ def test_fashion_mnist_on_two_processes_draws_the_mistakes_of_both(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     drawn = (tmp_path / "run" / "plots" / "mistakes.png").read_bytes()
-    assert drawn.startswith(PNG) and len(drawn) > 20_000
+    assert drawn.startswith(PNG) and len(drawn) > 5_000

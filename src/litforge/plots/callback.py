@@ -4,6 +4,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 
 from litforge.plots import figures
@@ -82,7 +83,7 @@ class ClassificationPlots(L.Callback):
         self.found = None
         if not trainer.is_global_zero or not rows:
             return
-        name = (lambda c: names[c]) if names else str
+        name = (lambda c: str(names[c])[:24]) if names else str  # (a caption fits its image)
         titles = [f"true: {name(y)}\npredicted: {name(p)} ({c:.2f})" for _, y, p, c in rows]
         path = self.dirpath / "mistakes.png"
         self._publish(trainer, figures.mistakes(images(loader, rows), titles, path), path)
@@ -91,10 +92,14 @@ class ClassificationPlots(L.Callback):
     def _publish(trainer: L.Trainer, figure: Any, path: Path) -> None:
         from lightning.pytorch.loggers import TensorBoardLogger
 
+        drawn_by_pillow = not hasattr(figure, "savefig")  # (mistakes.png; the others: pyplot's)
         for logger in trainer.loggers:  # (loggers that keep files get them at the run's end)
-            if isinstance(logger, TensorBoardLogger):
+            if isinstance(logger, TensorBoardLogger) and drawn_by_pillow:
+                logger.experiment.add_image(path.stem, np.asarray(figure), dataformats="HWC")
+            elif isinstance(logger, TensorBoardLogger):
                 logger.experiment.add_figure(path.stem, figure)
-        figures.close(figure)
+        if not drawn_by_pillow:
+            figures.close(figure)
 
     def _record(self) -> None:
         if self._ended is None:

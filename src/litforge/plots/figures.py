@@ -56,20 +56,30 @@ def curves(epochs: dict[int, dict[str, float]], path: Path):
 
 
 def mistakes(images: Sequence[torch.Tensor], titles: Sequence[str], path: Path):
-    """`images` (C×H×W, uint8) in a grid, each under its title."""
-    plt = pyplot()
-    columns = min(4, len(images))
+    """`images` (C×H×W, uint8) in a grid, each under its two-line title, as a Pillow image:
+    drawn by Pillow, not matplotlib (16 images: ~20 ms instead of ~0.7 s, benchmarks.md)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    side = max(176, *(max(image.shape[1:]) for image in images))  # small ones scaled up
+    columns, pad, header, caption = min(4, len(images)), 8, 30, 34
     rows = -(-len(images) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(2.6 * columns, 2.9 * rows), squeeze=False)
-    for ax in axes.flat:
-        ax.axis("off")
-    for ax, image, title in zip(axes.flat, images, titles, strict=False):
+    width, height = pad + columns * (side + pad), header + rows * (caption + side + pad)
+    grid = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(grid)
+    title = "The test images most confidently wrong"
+    draw.text((pad, 6), title, fill="black", font=ImageFont.load_default(size=16))
+    font = ImageFont.load_default(size=12)
+    for k, (image, text) in enumerate(zip(images, titles, strict=True)):
+        x, y = pad + k % columns * (side + pad), header + k // columns * (caption + side + pad)
+        draw.multiline_text((x, y), text, fill="black", font=font, spacing=2)
         pixels = image.permute(1, 2, 0).numpy()
-        gray = pixels.shape[2] == 1
-        ax.imshow(pixels[..., 0] if gray else pixels, cmap="gray" if gray else None)
-        ax.set_title(title, fontsize=8)
-    fig.suptitle("The test images most confidently wrong")
-    return save(fig, path)
+        picture = Image.fromarray(pixels[..., 0] if pixels.shape[2] == 1 else pixels)
+        scale = side / max(picture.size)
+        size = (round(picture.width * scale), round(picture.height * scale))
+        grid.paste(picture.convert("RGB").resize(size, Image.Resampling.NEAREST), (x, y + caption))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    grid.save(path)
+    return grid
 
 
 def save(fig, path: Path):

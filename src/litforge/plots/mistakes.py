@@ -11,41 +11,41 @@ import torch
 
 
 class Mistakes:
-    """The most confident mistakes of one process's test batches, by position in its share."""
+    """The mistakes of one process's test batches: per batch three small tensors kept on the
+    device (each image's top probability where it is a mistake, -1 elsewhere; the prediction;
+    the label); the `count` most confident chosen once, at the end."""
 
     def __init__(self, count: int, device: torch.device) -> None:
-        self.count = count
-        self.confidence = torch.full((count,), -1.0, device=device)  # -1: none yet
-        self.position = torch.zeros(count, dtype=torch.long, device=device)
-        self.label = torch.zeros(count, dtype=torch.long, device=device)
-        self.prediction = torch.zeros(count, dtype=torch.long, device=device)
-        self.seen = 0  # positions so far (host ints: batch sizes are known there)
+        self.count, self.device = count, device
+        self.batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def update(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
-        probabilities = logits.detach().float().softmax(dim=1)
-        confidence, prediction = probabilities.max(dim=1)
+        logits = logits.detach().float()
+        top, prediction = logits.max(dim=1)
+        confidence = (top - logits.logsumexp(dim=1)).exp()  # the top softmax probability
         wrong = (prediction != labels) & confidence.isfinite()  # (a NaN: no mistake to show)
-        confidence = torch.where(wrong, confidence, -1.0)
-        n = len(labels)
-        position = torch.arange(self.seen, self.seen + n, device=labels.device)
-        self.seen += n
-        pool = [
-            torch.cat([self.confidence, confidence]),
-            torch.cat([self.position, position]),
-            torch.cat([self.label, labels]),
-            torch.cat([self.prediction, prediction]),
-        ]
-        top = pool[0].topk(self.count).indices
-        self.confidence, self.position, self.label, self.prediction = (t[top] for t in pool)
+        self.batches.append((torch.where(wrong, confidence, -1.0), prediction, labels))
+
+    def chosen(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(confidence, position, label, prediction) of the `count` most confident, padded
+        with confidence -1 (all processes gather the same shapes)."""
+        pad = torch.full((self.count,), -1.0, device=self.device)
+        zeros = torch.zeros(self.count, dtype=torch.long, device=self.device)
+        confidence = torch.cat([pad, *(b[0] for b in self.batches)])
+        prediction = torch.cat([zeros, *(b[1] for b in self.batches)])
+        label = torch.cat([zeros, *(b[2] for b in self.batches)])
+        top = confidence.topk(self.count).indices
+        position = (top - self.count).clamp(min=0)  # (the padding's: confidence -1, dropped)
+        return confidence[top], position, label[top], prediction[top]
 
     def gathered(self, trainer: L.Trainer, indices: list[int] | None) -> list[tuple]:
         """Every process's mistakes, most confident first, on the host: (test-set index, label,
         prediction, confidence). `indices`: this process's test-set index of each position."""
-        index = self.position
+        confidence, index, label, prediction = self.chosen()
         if indices is not None:
             index = torch.tensor(indices, device=index.device)[index.clamp(max=len(indices) - 1)]
-        mine = torch.stack([index, self.label, self.prediction]).double()
-        together = trainer.strategy.all_gather(torch.cat([mine, self.confidence[None].double()]))
+        mine = torch.stack([index, label, prediction]).double()
+        together = trainer.strategy.all_gather(torch.cat([mine, confidence[None].double()]))
         rows = together.reshape(-1, 4, self.count).transpose(1, 2).reshape(-1, 4).cpu()
         rows = rows[rows[:, 3] >= 0]  # (slots no mistake filled)
         rows = rows[rows[:, 3].argsort(descending=True)][: self.count]
