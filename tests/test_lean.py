@@ -369,7 +369,7 @@ def test_a_copy_keeps_the_hook_its_feature_implements(tmp_path):
     """With tracking, LogsRunFiles alone: its class, its import and call in the pipeline, the
     marker naming tracking only."""
     implementers = {
-        "PreparesRun": {"backbones", "model_parallel", "parameter_server", "elastic"},
+        "PreparesRun": {"backbones", "model_parallel", "parameter_server", "elastic", "tuning"},
         "ChecksFit": {"model_parallel"},
         "LogsRunFiles": {"tracking"},
     }

@@ -5,10 +5,10 @@ brings its checks and set-up without the core knowing it. The strategies' own in
 lost process in one line: `strategies.ReportsLostProcesses`."""
 
 from pathlib import Path  # feature: tracking
-from typing import Any  # feature: backbones model_parallel parameter_server elastic
+from typing import Any  # feature: backbones model_parallel parameter_server elastic tuning
 
 
-class PreparesRun:  # feature: backbones model_parallel parameter_server elastic
+class PreparesRun:  # feature: backbones model_parallel parameter_server elastic tuning
     """A strategy, callback or (when training) network class named by `_target_` in the config:
     `pipeline.prepare_run` calls `prepare_run(cfg)` after the core's config checks, before data is
     read or anything is built. It may refuse settings (UserError, naming the config key) and set

@@ -35,7 +35,7 @@ from litforge.errors import UserError, user_error
 from litforge.hooks import (
     ChecksFit,  # feature: model_parallel
     LogsRunFiles,  # feature: tracking
-    PreparesRun,  # feature: backbones model_parallel parameter_server elastic
+    PreparesRun,  # feature: backbones model_parallel parameter_server elastic tuning
 )
 from litforge.settings import check_targets
 from litforge.strategies import lost_process_ends_the_job
@@ -58,7 +58,7 @@ def instantiate(config: Any, **kwargs: Any) -> Any:
 
 def start(cfg: DictConfig) -> None:
     check_config(cfg, needs_checkpoint=not cfg.get("train", False))  # before any output
-    prepare_run(cfg)  # feature: backbones model_parallel parameter_server elastic
+    prepare_run(cfg)  # feature: backbones model_parallel parameter_server elastic tuning
     quiet_lightning()  # Hydra's logging is set up by now
     if cfg.extras.get("print_config"):
         print_config(cfg, save_to=Path(cfg.paths.output_dir) / CONFIG_TREE)
@@ -93,7 +93,7 @@ def describe_run(cfg: DictConfig) -> None:
         )
 
 
-# feature: backbones model_parallel parameter_server elastic
+# feature: backbones model_parallel parameter_server elastic tuning
 def prepare_run(cfg: DictConfig) -> None:
     """Call `prepare_run(cfg)` on each class the strategy and callbacks name that is a
     `hooks.PreparesRun`: a feature's own config checks and set-up, before anything is read or

@@ -50,7 +50,7 @@ def test_a_run_from_a_dirty_tree_records_its_commit_and_keeps_the_diff(tmp_path,
     }
     assert record["versions"]["torch"] == torch.__version__
     assert record["versions"]["lightning"] and record["hardware"]["cpus"] >= 1
-    assert "train.py" in record["command"] or "pytest" in record["command"]
+    assert record["command"].startswith("python")  # (here: the test process's own)
     assert record["started"][:4].isdigit()
     # sent to the loggers with the run config, and kept in checkpoints
     [hparams] = run.glob("**/hparams.yaml")

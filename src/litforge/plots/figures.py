@@ -1,5 +1,6 @@
-"""Pictures of a run: the test confusion matrix, the loss and accuracy curves. matplotlib is
-imported only to draw, non-interactive: it costs start-up time and needs no display."""
+"""Pictures of a run: the test confusion matrix, the loss and accuracy curves, the mistakes.
+matplotlib is imported only to draw, non-interactive: it costs start-up time and needs no
+display."""
 
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,6 +53,33 @@ def curves(epochs: dict[int, dict[str, float]], path: Path):
         ax.legend()
         ax.grid(alpha=0.3)
     return save(fig, path)
+
+
+def mistakes(images: Sequence[torch.Tensor], titles: Sequence[str], path: Path):
+    """`images` (C×H×W, uint8) in a grid, each under its two-line title, as a Pillow image:
+    drawn by Pillow, not matplotlib (16 images: ~20 ms instead of ~0.7 s, benchmarks.md)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    side = max(176, *(max(image.shape[1:]) for image in images))  # small ones scaled up
+    columns, pad, header, caption = min(4, len(images)), 8, 30, 34
+    rows = -(-len(images) // columns)
+    width, height = pad + columns * (side + pad), header + rows * (caption + side + pad)
+    grid = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(grid)
+    title = "The test images most confidently wrong"
+    draw.text((pad, 6), title, fill="black", font=ImageFont.load_default(size=16))
+    font = ImageFont.load_default(size=12)
+    for k, (image, text) in enumerate(zip(images, titles, strict=True)):
+        x, y = pad + k % columns * (side + pad), header + k // columns * (caption + side + pad)
+        draw.multiline_text((x, y), text, fill="black", font=font, spacing=2)
+        pixels = image.permute(1, 2, 0).numpy()
+        picture = Image.fromarray(pixels[..., 0] if pixels.shape[2] == 1 else pixels)
+        scale = side / max(picture.size)
+        size = (round(picture.width * scale), round(picture.height * scale))
+        grid.paste(picture.convert("RGB").resize(size, Image.Resampling.NEAREST), (x, y + caption))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    grid.save(path)
+    return grid
 
 
 def save(fig, path: Path):

@@ -1,0 +1,68 @@
+"""The test images the model got most confidently wrong: `plots/mistakes.png`. During the test,
+each process keeps on its device the `count` most confident mistakes it has seen (their
+positions in its share of the test set, no copy to the host per batch); at the end rank 0 reads
+only those images back from the test set by index (memory or files; not an iterable dataset's
+stream, whose samples carry no index)."""
+
+from typing import Any
+
+import lightning as L
+import torch
+
+
+class Mistakes:
+    """The mistakes of one process's test batches: per batch three small tensors kept on the
+    device (each image's top probability where it is a mistake, -1 elsewhere; the prediction;
+    the label); the `count` most confident chosen once, at the end."""
+
+    def __init__(self, count: int, device: torch.device) -> None:
+        self.count, self.device = count, device
+        self.batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def update(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        logits = logits.detach().float()
+        top, prediction = logits.max(dim=1)
+        confidence = (top - logits.logsumexp(dim=1)).exp()  # the top softmax probability
+        wrong = (prediction != labels) & confidence.isfinite()  # (a NaN: no mistake to show)
+        self.batches.append((torch.where(wrong, confidence, -1.0), prediction, labels))
+
+    def chosen(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(confidence, position, label, prediction) of the `count` most confident, padded
+        with confidence -1 (all processes gather the same shapes)."""
+        pad = torch.full((self.count,), -1.0, device=self.device)
+        zeros = torch.zeros(self.count, dtype=torch.long, device=self.device)
+        confidence = torch.cat([pad, *(b[0] for b in self.batches)])
+        prediction = torch.cat([zeros, *(b[1] for b in self.batches)])
+        label = torch.cat([zeros, *(b[2] for b in self.batches)])
+        top = confidence.topk(self.count).indices
+        position = (top - self.count).clamp(min=0)  # (the padding's: confidence -1, dropped)
+        return confidence[top], position, label[top], prediction[top]
+
+    def gathered(self, trainer: L.Trainer, indices: list[int] | None) -> list[tuple]:
+        """Every process's mistakes, most confident first, on the host: (test-set index, label,
+        prediction, confidence). `indices`: this process's test-set index of each position."""
+        confidence, index, label, prediction = self.chosen()
+        if indices is not None:
+            index = torch.tensor(indices, device=index.device)[index.clamp(max=len(indices) - 1)]
+        mine = torch.stack([index, label, prediction]).double()
+        together = trainer.strategy.all_gather(torch.cat([mine, confidence[None].double()]))
+        rows = together.reshape(-1, 4, self.count).transpose(1, 2).reshape(-1, 4).cpu()
+        rows = rows[rows[:, 3] >= 0]  # (slots no mistake filled)
+        rows = rows[rows[:, 3].argsort(descending=True)][: self.count]
+        return [(int(i), int(y), int(p), float(c)) for i, y, p, c in rows.tolist()]
+
+
+def dataset_indices(loader: Any) -> list[int] | None:
+    """The test-set index of each position in this process's share (its loader's sampler), or
+    None where the loader does not say."""
+    sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
+    sampler = sampler if sampler is not None else getattr(loader, "sampler", None)
+    if sampler is None:
+        return None
+    return [item[0] if isinstance(item, tuple) else int(item) for item in sampler]  # (image
+    # folders' samplers give (index, key, epoch))
+
+
+def images(loader: Any, rows: list[tuple]) -> list[torch.Tensor]:
+    """The test images at the rows' indices, as the test read them (uint8, C×H×W)."""
+    return [loader.dataset[index][0] for index, *_ in rows]
