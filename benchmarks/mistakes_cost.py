@@ -29,7 +29,11 @@ def timed_tests(overrides: list[str], rounds: int, folder: Path) -> dict[int, fl
 
     from litforge.pipeline import build_datamodule, build_model, build_trainer, start
 
-    quiet = ["logger=none", "callbacks.rich_progress_bar=null", "+trainer.enable_progress_bar=false"]
+    quiet = [
+        "logger=none",
+        "callbacks.rich_progress_bar=null",
+        "+trainer.enable_progress_bar=false",
+    ]
     cfg = compose_config("train", folder, [*overrides, *quiet, "trainer.max_epochs=1"])
     start(cfg)
     datamodule, model = build_datamodule(cfg), build_model(cfg, build_datamodule(cfg))
