@@ -77,3 +77,23 @@ def test_fashion_mnist_on_two_processes_draws_the_mistakes_of_both(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     drawn = (tmp_path / "run" / "plots" / "mistakes.png").read_bytes()
     assert drawn.startswith(PNG) and len(drawn) > 5_000
+
+
+def test_images_of_a_dataset_of_yours_are_drawn_whatever_their_type(tmp_path):
+    from PIL import Image
+
+    from litforge.plots import figures
+    from litforge.plots.mistakes import images
+
+    dataset = [
+        (torch.rand(3, 40, 30) * 2 - 1, 0),  # normalized floats
+        (Image.new("RGB", (30, 40), "red"), 1),  # a PIL image
+        (torch.zeros(40, 30, dtype=torch.uint8), 0),  # H×W
+    ]
+    loader = types.SimpleNamespace(dataset=dataset)
+    read = images(loader, [(0, 0, 1, 0.9), (1, 1, 0, 0.8), (2, 0, 1, 0.7)])
+    assert [(tuple(i.shape), i.dtype) for i in read] == [((3, 40, 30), torch.uint8)] * 2 + [
+        ((1, 40, 30), torch.uint8)
+    ]
+    figures.mistakes(read, ["a\nb"] * 3, tmp_path / "m.png")
+    assert (tmp_path / "m.png").read_bytes().startswith(PNG)

@@ -1,5 +1,6 @@
 """The `ClassificationPlots` callback (`callbacks.plots`, in the default callbacks)."""
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,8 @@ import torch
 from litforge.plots import figures
 from litforge.plots.mistakes import Mistakes, dataset_indices, images
 from litforge.settings import NonNegativeInt
+
+log = logging.getLogger(__name__)
 
 
 class ClassificationPlots(L.Callback):
@@ -73,7 +76,10 @@ class ClassificationPlots(L.Callback):
             path = self.dirpath / "confusion_matrix.png"
             self._publish(trainer, figures.confusion_matrix(matrix, names, path), path)
         if self.found is not None:
-            self._draw_mistakes(trainer, names)
+            try:
+                self._draw_mistakes(trainer, names)
+            except Exception as err:  # (a picture is no reason to fail a run; a dataset of
+                log.warning(f"plots/mistakes.png not drawn: {type(err).__name__}: {err}")  # yours)
 
     def _draw_mistakes(self, trainer: L.Trainer, names: Any) -> None:
         self._hook.remove()

@@ -7,6 +7,7 @@ stream, whose samples carry no index)."""
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 
 
@@ -64,5 +65,19 @@ def dataset_indices(loader: Any) -> list[int] | None:
 
 
 def images(loader: Any, rows: list[tuple]) -> list[torch.Tensor]:
-    """The test images at the rows' indices, as the test read them (uint8, C×H×W)."""
-    return [loader.dataset[index][0] for index, *_ in rows]
+    """The test images at the rows' indices, as the test read them, as uint8 C×H×W (a float
+    image of a dataset of yours: stretched to 0-255; a PIL image: converted)."""
+    found = []
+    for index, *_ in rows:
+        image = loader.dataset[index][0]
+        image = image if isinstance(image, torch.Tensor) else torch.as_tensor(np.asarray(image))
+        if image.ndim == 2:
+            image = image.unsqueeze(0)
+        elif image.shape[-1] in (1, 3) and image.shape[0] not in (1, 3):  # H×W×C (a PIL image)
+            image = image.permute(2, 0, 1)
+        if image.dtype != torch.uint8:
+            image = image.float()
+            low, high = image.min(), image.max()
+            image = ((image - low) / (high - low).clamp(min=1e-12) * 255).round().to(torch.uint8)
+        found.append(image)
+    return found
