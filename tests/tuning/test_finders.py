@@ -86,3 +86,14 @@ def test_a_sweep_runs_the_finder_in_each_job(tmp_path, idx_data_dir):
         found = json.loads((tmp_path / "sweep" / job / "tune" / "lr_find.json").read_text())
         metrics = json.loads((tmp_path / "sweep" / job / "metrics.json").read_text())
         assert metrics["tune/lr"] == pytest.approx(found["suggestion"], rel=1e-6)
+
+
+def test_a_resumed_run_does_not_search_again(tmp_path):
+    from litforge.tuning import FindLearningRate
+
+    finder = FindLearningRate(str(tmp_path), apply=True)
+    finder.load_state_dict({"suggestion": 0.01})
+    finder.on_fit_start(None, None)  # (no search: it would need the trainer)
+    assert finder.state_dict() == {"suggestion": 0.01}
+    finder.load_state_dict({"suggestion": "0.01; rm -rf"})  # a checkpoint's: only a number
+    assert finder.rate is None

@@ -67,7 +67,7 @@ class FindLearningRate(LearningRateFinder, PreparesRun):
             raise UserError("tune=lr sets model.optimizer.lr: the optimizer must take `lr`.")
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.optimal_lr is not None:  # (found before this run was resumed)
+        if self.optimal_lr is not None or self.rate is not None:  # found before a resume
             return
         super().on_fit_start(trainer, pl_module)  # Lightning's range test, weights restored after
         found = self.optimal_lr
@@ -114,7 +114,13 @@ class FindLearningRate(LearningRateFinder, PreparesRun):
         (self.dirpath / "lr_find.json").write_text(json.dumps(results) + "\n")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"suggestion": self.optimal_lr.suggestion() if self.optimal_lr else None}
+        return {"suggestion": self.rate}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """A resumed run goes on at the rate found before (its checkpoint's `optimizer.lr`),
+        without searching again."""
+        rate = state_dict.get("suggestion") if isinstance(state_dict, dict) else None
+        self.rate = float(rate) if isinstance(rate, float) else None
 
 
 class FindBatchSize(BatchSizeFinder, PreparesRun):
