@@ -76,8 +76,31 @@ def test_eval_says_the_commit_a_checkpoint_was_trained_at_and_that_it_differs(
         )
     said = caplog.text
     assert f"The checkpoint was trained at commit {first}." in said
-    assert f"The checkpoint was trained at commit {first}, this run is at" in said
+    assert f"The checkpoint was trained at commit {first}, this checkout is at" in said
     assert not (tmp_path / "b" / "run" / "provenance.diff").exists()  # a clean tree
+
+
+def test_predict_and_export_say_the_commit_a_checkpoint_was_trained_at(  # feature: deploy
+    tmp_path, idx_data_dir, caplog
+):
+    from PIL import Image
+
+    from litforge.deploy.export import export
+    from litforge.deploy.predict import predict
+
+    first = project(tmp_path / "repo", dirty=False)
+    root = f"+callbacks.provenance.root={tmp_path / 'repo'}"
+    train(compose_config("train", tmp_path, [*FAST, "logger=none", "test=false", root]))
+    (tmp_path / "repo" / "train.py").write_text("print('v2')\n")
+    subprocess.run(["git", "-C", str(tmp_path / "repo"), "commit", "-qam", "v2"], check=True)
+    image = tmp_path / "digit.png"
+    Image.new("L", (28, 28)).save(image)
+    read = [f"ckpt_path={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}", root]
+    for command, name, more in [(predict, "predict", [f"input={image}"]), (export, "export", [])]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="litforge.provenance.record"):
+            command(compose_config(name, tmp_path / name, [*read, *more]))
+        assert f"trained at commit {first}, this checkout is at" in caplog.text, name
 
 
 def test_outside_a_git_checkout_it_says_so_and_goes_on(tmp_path):
@@ -140,4 +163,4 @@ def test_a_checkpoint_state_of_another_shape_or_a_run_outside_git_says_nothing_w
     callback.record = {"git": {"commit": None}}  # this run: outside a checkout
     with caplog.at_level(logging.INFO):
         callback.load_state_dict(state)
-    assert "this run is at" not in caplog.text
+    assert "this checkout is at" not in caplog.text

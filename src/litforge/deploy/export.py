@@ -32,6 +32,7 @@ from litforge.deploy.inference import (
     LoadedClassifier,
     image_files,
     load_classifier,
+    restore_callbacks,
 )
 from litforge.errors import UserError
 from litforge.settings import Positive, check_values
@@ -131,6 +132,7 @@ def export(cfg: DictConfig) -> Path:
     if cfg.extras.get("print_config"):
         print_config(cfg, save_to=output_dir / CONFIG_TREE)
     reference = load_classifier(cfg.ckpt_path)
+    restore_callbacks(cfg, Path(cfg.ckpt_path))
     images, described = sample_images(cfg.export.get("sample_input"), reference.contract)
     metadata = reference.metadata()
     text = json.dumps(metadata)

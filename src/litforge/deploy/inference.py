@@ -212,6 +212,23 @@ def classifier_from_checkpoint(path: Path, key: str = "ckpt_path") -> tuple[Imag
     return classifier, hp
 
 
+def restore_callbacks(cfg: Any, path: Path) -> None:
+    """Hand each callback `cfg.callbacks` names the state the checkpoint `path` saved for it,
+    through Lightning's `Callback.load_state_dict`, as a resumed run does: the provenance
+    feature's says the commit the checkpoint was trained at."""
+    import lightning as L
+    from hydra.utils import instantiate
+
+    from litforge import checkpoints
+
+    states = checkpoints.read(path).get("callbacks")
+    states = states if isinstance(states, dict) else {}
+    for config in (cfg.get("callbacks") or {}).values():
+        callback = instantiate(config) if config else None
+        if isinstance(callback, L.Callback) and callback.state_key in states:
+            callback.load_state_dict(states[callback.state_key])
+
+
 def _names(hp: dict) -> list[str]:
     return list(hp.get("class_names") or [str(i) for i in range(hp["num_classes"])])
 

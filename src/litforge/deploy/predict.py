@@ -34,6 +34,7 @@ from litforge.deploy.inference import (
     load_classifier,
     model_source,
     pick_device,
+    restore_callbacks,
     top_k,
 )
 from litforge.errors import UserError
@@ -107,6 +108,8 @@ def predict(cfg: DictConfig) -> Counter:
         print_config(cfg, save_to=output_dir / CONFIG_TREE)
     files = image_files(cfg.get("input"))
     model = load_classifier(path, pick_device(settings.device, "predict.device"), key=key)
+    if key == "ckpt_path":
+        restore_callbacks(cfg, path)
     batches = math.ceil(len(files) / settings.batch_size)
     loader = DataLoader(
         ImageFileInputs(files, model.contract, settings.max_image_pixels),

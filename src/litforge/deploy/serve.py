@@ -45,7 +45,13 @@ from starlette.concurrency import run_in_threadpool
 
 from litforge.console import CONFIG_TREE, print_config
 from litforge.data.images import BadImageError, image_size
-from litforge.deploy.inference import InputContract, load_classifier, model_source, top_k
+from litforge.deploy.inference import (
+    InputContract,
+    load_classifier,
+    model_source,
+    restore_callbacks,
+    top_k,
+)
 from litforge.errors import UserError
 from litforge.settings import NonNegative, Positive, PositiveInt, check_values
 
@@ -381,6 +387,8 @@ def _serve(cfg: DictConfig, path: Path, key: str) -> None:
     # An unusable file is an error before the server starts. Only the contract and a few facts
     # are kept here.
     model = load_classifier(path, key=key)
+    if key == "ckpt_path":
+        restore_callbacks(cfg, path)
     contract, kind, classes = model.contract, model.kind, len(model.class_names)
     del model
     _warm_up(contract)

@@ -119,9 +119,11 @@ class RecordProvenance(L.Callback):
         self.root = Path(root or Path(sys.argv[0]).resolve().parent)
         self.started = datetime.datetime.now(datetime.timezone.utc).astimezone()
         self.record: dict[str, Any] | None = None
+        self.in_trainer = False  # (predict, serve and export hand it a checkpoint's state alone)
         self.trained = False
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.in_trainer = True
         if self.record is not None or not trainer.is_global_zero:
             return
         try:
@@ -157,11 +159,18 @@ class RecordProvenance(L.Callback):
         return {"commit": git_state.get("commit"), "dirty": git_state.get("dirty")}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """A checkpoint's (resumed, or tested by eval.py): its commit said, and whether it is
-        another than this run's (a string from the file: shown, never used)."""
-        if self.record is None or self.trained or not isinstance(state_dict, Mapping):
+        """A checkpoint's (resumed, tested by eval.py, or read by predict.py, serve.py or
+        export.py): its commit said, and whether it is another than this checkout's (a string
+        from the file: shown, never used)."""
+        if self.trained or not isinstance(state_dict, Mapping):
+            return
+        if self.record is not None:
+            now = self.record["git"]["commit"]
+        elif self.in_trainer:
             return  # (only rank 0 has a record)
-        trained, now = state_dict.get("commit"), self.record["git"]["commit"]
+        else:  # no Trainer: a deploy command
+            now = (git(self.root, "rev-parse", "HEAD") or b"").decode().strip() or None
+        trained = state_dict.get("commit")
         if not (isinstance(trained, str) and re.fullmatch("[0-9a-f]{40}", trained)):
             log.info("The checkpoint names no commit (trained outside a git checkout).")
             return
@@ -169,6 +178,6 @@ class RecordProvenance(L.Callback):
         log.info(f"The checkpoint was trained at commit {trained}{dirty}.")
         if now is not None and now != trained:
             log.warning(
-                f"The checkpoint was trained at commit {trained}, this run is at {now}: the "
-                f"code may differ (git diff {trained} {now})."
+                f"The checkpoint was trained at commit {trained}, this checkout is at {now}: "
+                f"the code may differ (git diff {trained} {now})."
             )
