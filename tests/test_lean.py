@@ -372,6 +372,7 @@ def test_a_copy_keeps_the_hook_its_feature_implements(tmp_path):
         "PreparesRun": {"backbones", "model_parallel", "parameter_server", "elastic", "tuning"},
         "ChecksFit": {"model_parallel"},
         "LogsRunFiles": {"tracking"},
+        "KeepsTestIndices": {"streaming"},
     }
     assert implementers == IMPLEMENTERS
     tree = tmp_path / "copy"

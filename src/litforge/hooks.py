@@ -5,7 +5,9 @@ brings its checks and set-up without the core knowing it. The strategies' own in
 lost process in one line: `strategies.ReportsLostProcesses`."""
 
 from pathlib import Path  # feature: tracking
-from typing import Any  # feature: backbones model_parallel parameter_server elastic tuning
+
+# feature: backbones model_parallel parameter_server elastic tuning streaming
+from typing import Any
 
 
 class PreparesRun:  # feature: backbones model_parallel parameter_server elastic tuning
@@ -33,3 +35,12 @@ class LogsRunFiles:  # feature: tracking
 
     def log_run_files(self, run_dir: Path, best_checkpoint: str | None) -> None:
         """Hand the run folder's files (metrics.json, pictures, the checkpoint) to the logger."""
+
+
+class KeepsTestIndices:  # feature: streaming
+    """A datamodule whose test samples stream in an order no sampler says (an `IterableDataset`):
+    it keeps the dataset index of each test sample it hands over, a tensor per batch on the
+    device, from the start of each test (`test_indices`). The plots callback reads back the
+    images of the mistakes it draws by these indices, `loader.dataset[index]`."""
+
+    test_indices: list[Any]

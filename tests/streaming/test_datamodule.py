@@ -80,12 +80,27 @@ def test_shards_of_pixels_give_the_batches_shards_of_files_give(shards, tmp_path
         images = [
             (image.numpy().tobytes(), int(label))
             for batch in datamodule.test_dataloader()
-            for image, label in zip(*batch, strict=True)
+            for image, label, _ in zip(*batch, strict=True)  # (and its index)
         ]
         samples.append(sorted(images))  # LitData's workers may lay the chunks out in any order
     assert len(samples[0]) == 18 and samples[0] == samples[1]
     with pytest.raises(UserError, match="holds 3-channel pixels, data.channels=1"):
         model_arguments(StreamingDataModule(input_dir=str(pixels), channels=1))
+
+
+def test_test_samples_carry_the_index_that_reads_them_back(shards):
+    _, output = shards
+    datamodule = StreamingDataModule(input_dir=str(output), batch_size=4, num_workers=2)
+    datamodule.setup("test")
+    loader = datamodule.test_dataloader()
+    seen = [
+        (image, int(index))
+        for images, _, indices in loader
+        for image, index in zip(images, indices, strict=True)
+    ]
+    assert sorted(index for _, index in seen) == list(range(18))
+    for image, index in seen:  # LitData's workers stream the chunks in an order of their own
+        assert torch.equal(loader.dataset[index][0], image)
 
 
 def train_on_shards(tmp_path, shards_dir, epochs: int, *overrides: str) -> dict[str, float]:
@@ -113,6 +128,16 @@ def test_training_on_shards_learns_and_logs_what_it_read(shards, tmp_path, caplo
     log = caplog.text
     assert f"Data: streaming from {output}: 3 classes, 3×20×20" in log
     assert "Training images per class: 27 cat, 27 dog, 27 fox" in log
+
+
+def test_an_untrained_model_draws_its_mistakes_read_back_from_the_shards(  # feature: plots
+    shards, tmp_path
+):
+    _, output = shards
+    metrics = train_on_shards(tmp_path, output, 1, "model.optimizer.lr=1e-9", "data.num_workers=2")
+    assert metrics["test/acc"] < 0.9
+    drawn = (tmp_path / "run" / "plots" / "mistakes.png").read_bytes()
+    assert drawn.startswith(b"\x89PNG") and len(drawn) > 2_000
 
 
 def test_shards_are_resized_and_augmented_as_image_folders_are(shards, tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from litforge.plots import figures
-from litforge.plots.mistakes import Mistakes, dataset_indices, images
+from litforge.plots.mistakes import Mistakes, images, readable, test_indices
 from litforge.settings import NonNegativeInt
 
 log = logging.getLogger(__name__)
@@ -50,8 +50,8 @@ class ClassificationPlots(L.Callback):
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         loaders = trainer.test_dataloaders
         loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
-        if isinstance(getattr(loader, "dataset", None), torch.utils.data.IterableDataset):
-            return  # an iterable dataset gives no sample index to read back: no mistakes.png
+        if not readable(trainer, loader):
+            return  # no sample index to read the images back by: no mistakes.png
         if self.mistakes:  # the module's output, as the test step computes it (not run again)
             self.found = Mistakes(self.mistakes, pl_module.device)
             self._hook = pl_module.register_forward_hook(self._keep_logits)
@@ -85,7 +85,7 @@ class ClassificationPlots(L.Callback):
         self._hook.remove()
         loaders = trainer.test_dataloaders
         loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
-        rows = self.found.gathered(trainer, dataset_indices(loader))  # (all processes)
+        rows = self.found.gathered(trainer, test_indices(trainer, loader))  # (all processes)
         self.found = None
         if not trainer.is_global_zero or not rows:
             return

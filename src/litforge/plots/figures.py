@@ -78,7 +78,7 @@ def mistakes(images: Sequence[torch.Tensor], titles: Sequence[str], path: Path):
         size = (round(picture.width * scale), round(picture.height * scale))
         grid.paste(picture.convert("RGB").resize(size, Image.Resampling.NEAREST), (x, y + caption))
     path.parent.mkdir(parents=True, exist_ok=True)
-    grid.save(path)
+    grid.save(path, compress_level=1)  # (photos: 1/4 of the default level's time, ~10 % larger)
     return grid
 
 

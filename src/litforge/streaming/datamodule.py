@@ -49,6 +49,7 @@ from litforge.data.images import (
     SampleTransform,
 )
 from litforge.errors import UserError
+from litforge.hooks import KeepsTestIndices
 from litforge.settings import (
     Fraction,
     NonNegativeInt,
@@ -263,24 +264,29 @@ def image_stream_class():
     litdata = import_litdata()
 
     class ImageStream(litdata.StreamingDataset):
-        def __init__(self, *args, transform: SampleTransform, stored=None, **kwargs) -> None:
+        def __init__(
+            self, *args, transform: SampleTransform, stored=None, indexed=False, **kwargs
+        ) -> None:
             super().__init__(*args, **kwargs)
             self.sample_transform, self.stored = transform, stored
+            self.indexed = indexed  # evaluation: each sample with its index (KeepsTestIndices)
 
         def __getitem__(self, index):
             sample = super().__getitem__(index)
             image = sample["image"]
             if self.stored is not None:
                 image = torch.frombuffer(bytearray(image), dtype=torch.uint8).view(self.stored)
-            position = getattr(index, "index", index)  # a ChunkedIndex when streaming
-            image = self.sample_transform(image, int(position), self.current_epoch)
-            return image, sample["label"]
+            position = int(getattr(index, "index", index))  # a ChunkedIndex when streaming
+            image = self.sample_transform(image, position, self.current_epoch)
+            return (image, sample["label"], position) if self.indexed else (image, sample["label"])
 
     return ImageStream
 
 
-class StreamingDataModule(ImageDataModule):
+class StreamingDataModule(ImageDataModule, KeepsTestIndices):
     """Train, validate and test on the shards in `input_dir` (see the module doc)."""
+
+    test_indices: list[torch.Tensor] = []
 
     def __init__(
         self,
@@ -357,6 +363,7 @@ class StreamingDataModule(ImageDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         self.inspect()
+        self.test_indices = []  # (each test counts from its first batch)
         for split, needed in (("val", stage in ("fit", "validate")), ("test", stage == "test")):
             if needed and split not in self.meta["counts"]:
                 raise UserError(
@@ -394,6 +401,7 @@ class StreamingDataModule(ImageDataModule):
             # leaves out the rest of each epoch: fewer than processes × batch_size images, other
             # ones each epoch. Evaluation: every image.
             drop_last=train,
+            indexed=not train,
         )
         return litdata.StreamingDataLoader(
             dataset,
@@ -402,3 +410,13 @@ class StreamingDataModule(ImageDataModule):
             pin_memory=self.pin_memory(),
             generator=torch.Generator(),  # see ImageFolderDataModule._loader
         )
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        """An evaluation batch's indices kept in a test (`KeepsTestIndices`), then dropped: the
+        module gets (images, labels) as from any datamodule."""
+        if isinstance(batch, (list, tuple)) and len(batch) == 3:
+            images, labels, indices = batch
+            if self.trainer is not None and self.trainer.testing:
+                self.test_indices.append(indices)
+            batch = (images, labels)
+        return super().on_after_batch_transfer(batch, dataloader_idx)
