@@ -1,6 +1,7 @@
 """`python eval.py ckpt_path=...`: test a checkpoint with the network stored in it."""
 
 import contextlib
+import logging
 import shlex
 
 import pytest
@@ -115,6 +116,7 @@ def test_callbacks_none_tests_the_final_weights_and_eval_finds_lightnings_checkp
 ):
     """With callbacks=none Lightning's own checkpoint callback saves under the logger's folder:
     the run says it tests the final weights, and eval.py given the run folder names the file."""
+    caplog.set_level(logging.INFO)
     overrides = ["data=mnist", "data.val_size=100", f"paths.data_dir={idx_data_dir}"]
     run = tmp_path / "run"
     overrides += ["trainer.max_epochs=1", "callbacks=none", f"paths.output_dir={run}"]

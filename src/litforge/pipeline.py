@@ -256,14 +256,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
         metrics.update(_float_metrics(trainer))
         monitors = [cb for cb in trainer.checkpoint_callbacks if getattr(cb, "monitor", None)]
         ckpt_path = monitors[0].best_model_path if monitors else None
-        if not ckpt_path and cfg.get("test"):
-            why = (
-                f"the checkpoint of the best {monitors[0].monitor} saved none (no validation, "
-                f"or fast_dev_run)"
-                if monitors
-                else "no checkpoint callback monitors a metric"
+        if not ckpt_path and cfg.get("test") and monitors:
+            log.warning(
+                f"Testing the final weights: the checkpoint of the best {monitors[0].monitor} "
+                f"saved none (no validation, or fast_dev_run)."
             )
-            log.warning(f"Testing the final weights: {why}.")
+        elif not ckpt_path and cfg.get("test"):  # (chosen: callbacks.model_checkpoint.monitor=null)
+            log.info("Testing the final weights: no checkpoint callback monitors a metric.")
     elif not ckpt_path:
         raise UserError(f"ckpt_path={cfg.ckpt_path}: no checkpoint in this run's folder to test.")
     if cfg.get("test"):
