@@ -1,6 +1,7 @@
 """`tune=lr`, `tune=batch_size`: Lightning's finders before training."""
 
 import json
+import logging
 import re
 
 import pytest
@@ -97,3 +98,17 @@ def test_a_resumed_run_does_not_search_again(tmp_path):
     assert finder.state_dict() == {"suggestion": 0.01}
     finder.load_state_dict({"suggestion": "0.01; rm -rf"})  # a checkpoint's: only a number
     assert finder.rate is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_batch_size_finder_grows_the_batch_on_a_gpu_then_trains_with_it(
+    tmp_path, idx_data_dir, caplog
+):
+    caplog.set_level(logging.INFO)
+    overrides = ["data=mnist", "data.val_size=100", "data.batch_size=2", "logger=none"]
+    overrides += ["trainer=gpu", "tune=batch_size", "callbacks.batch_size_finder.max_trials=3"]
+    metrics = train(compose_config("train", tmp_path, [*overrides, "trainer.max_epochs=1"]))
+    assert "test/acc" in metrics
+    # 2, 4, 8, 16: three doublings, each fits a GPU's memory.
+    assert "continue with full run using batch size 16" in caplog.text
