@@ -56,6 +56,16 @@ def test_tune_apply_trains_an_rgb_image_folder_at_the_suggested_rate(tmp_path):
             ["tune=lr", "callbacks.lr_finder.min_lr=1", "callbacks.lr_finder.max_lr=0.1"],
             "callbacks.lr_finder.min_lr=1 must be below callbacks.lr_finder.max_lr=0.1.",
         ),
+        (  # the finder under a name of yours
+            [
+                "tune=lr",
+                "~callbacks.lr_finder",
+                "+callbacks.finder._target_=litforge.tuning.FindLearningRate",
+                "+callbacks.finder.dirpath=tune",
+                "+callbacks.finder.max_lr=1e-7",
+            ],
+            "callbacks.finder.min_lr=1e-06 must be below callbacks.finder.max_lr=1e-07.",
+        ),
         (
             ["tune=batch_size", "trainer.accelerator=cpu"],
             "tune=batch_size sizes batches for an accelerator's memory: run it on a GPU",

@@ -58,11 +58,13 @@ class FindLearningRate(LearningRateFinder, PreparesRun):
     @classmethod
     def prepare_run(cls, cfg: DictConfig) -> None:
         check_one_process(cfg, "lr")
-        low, high = (cfg.callbacks.lr_finder.get(k) for k in ("min_lr", "max_lr"))
-        if low >= high:
-            raise UserError(
-                f"callbacks.lr_finder.min_lr={low} must be below callbacks.lr_finder.max_lr={high}."
-            )
+        for key, node in (cfg.get("callbacks") or {}).items():  # (ours, under any name)
+            if node and str(node.get("_target_", "")).endswith(f".{cls.__name__}"):
+                low, high = node.get("min_lr", 1e-6), node.get("max_lr", 1.0)
+                if low >= high:
+                    raise UserError(
+                        f"callbacks.{key}.min_lr={low} must be below callbacks.{key}.max_lr={high}."
+                    )
         if not isinstance((cfg.model.get("optimizer") or {}).get("lr"), (int, float)):
             raise UserError("tune=lr sets model.optimizer.lr: the optimizer must take `lr`.")
 
