@@ -119,7 +119,7 @@ class RecordProvenance(L.Callback):
         self.root = Path(root or Path(sys.argv[0]).resolve().parent)
         self.started = datetime.datetime.now(datetime.timezone.utc).astimezone()
         self.record: dict[str, Any] | None = None
-        self.in_trainer = False  # (predict, serve and export hand it a checkpoint's state alone)
+        self.in_trainer = False  # (a command without a Trainer may hand it a checkpoint's state)
         self.trained = False
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -159,16 +159,16 @@ class RecordProvenance(L.Callback):
         return {"commit": git_state.get("commit"), "dirty": git_state.get("dirty")}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """A checkpoint's (resumed, tested by eval.py, or read by predict.py, serve.py or
-        export.py): its commit said, and whether it is another than this checkout's (a string
-        from the file: shown, never used)."""
+        """A checkpoint's (resumed, tested by eval.py, or handed over by a command that only
+        reads it, with no Trainer): its commit said, and whether it is another than this
+        checkout's (a string from the file: shown, never used)."""
         if self.trained or not isinstance(state_dict, Mapping):
             return
         if self.record is not None:
             now = self.record["git"]["commit"]
         elif self.in_trainer:
             return  # (only rank 0 has a record)
-        else:  # no Trainer: a deploy command
+        else:  # no Trainer: a command that only reads the checkpoint
             now = (git(self.root, "rev-parse", "HEAD") or b"").decode().strip() or None
         trained = state_dict.get("commit")
         if not (isinstance(trained, str) and re.fullmatch("[0-9a-f]{40}", trained)):
