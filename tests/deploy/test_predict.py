@@ -130,6 +130,20 @@ def test_bad_settings_are_one_line_errors(tmp_path, overrides, message):
 
 
 @pytest.mark.slow
+def test_an_exported_model_given_as_ckpt_path_predicts_as_with_model_path(
+    tmp_path, trained_images, exported_pt2
+):
+    given = [f"input={trained_images.root / 'test'}", "predict.device=cpu"]
+    predicted = {}
+    for key in ("ckpt_path", "model_path"):
+        predict(compose_config("predict", tmp_path / key, [f"{key}={exported_pt2}", *given]))
+        predicted[key] = {
+            path: row["label"] for path, row in read_rows(tmp_path / key / "run").items()
+        }
+    assert predicted["ckpt_path"] == predicted["model_path"]
+    assert len(predicted["ckpt_path"]) == len(trained_images.test_files)
+
+
 def test_cli_predicts_a_glob_with_an_exported_model(tmp_path, trained_images, exported_pt2):
     """As the README has it, with a .pt2 file: the same classes as the checkpoint."""
     pattern = f"{trained_images.root}/**/000?.png"  # of each class, 5 PNGs in train/, 4 in test/

@@ -120,5 +120,5 @@ def test_the_batch_size_finder_grows_the_batch_on_a_gpu_then_trains_with_it(
     overrides += ["trainer=gpu", "tune=batch_size", "callbacks.batch_size_finder.max_trials=3"]
     metrics = train(compose_config("train", tmp_path, [*overrides, "trainer.max_epochs=1"]))
     assert "test/acc" in metrics
-    # 2, 4, 8, 16: three doublings, each fits a GPU's memory.
-    assert "continue with full run using batch size 16" in caplog.text
+    # Three trials, each fits a GPU's memory: 2, 4, 8.
+    assert "continue with full run using batch size 8" in caplog.text

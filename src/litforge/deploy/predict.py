@@ -108,7 +108,7 @@ def predict(cfg: DictConfig) -> Counter:
         print_config(cfg, save_to=output_dir / CONFIG_TREE)
     files = image_files(cfg.get("input"))
     model = load_classifier(path, pick_device(settings.device, "predict.device"), key=key)
-    if key == "ckpt_path":
+    if model.kind == "checkpoint":  # (not an exported model, which keeps no callback state)
         restore_callbacks(cfg, path)
     batches = math.ceil(len(files) / settings.batch_size)
     loader = DataLoader(

@@ -387,7 +387,7 @@ def _serve(cfg: DictConfig, path: Path, key: str) -> None:
     # An unusable file is an error before the server starts. Only the contract and a few facts
     # are kept here.
     model = load_classifier(path, key=key)
-    if key == "ckpt_path":
+    if model.kind == "checkpoint":  # (not an exported model, which keeps no callback state)
         restore_callbacks(cfg, path)
     contract, kind, classes = model.contract, model.kind, len(model.class_names)
     del model

@@ -49,7 +49,9 @@ class Mistakes:
         prediction, confidence). `indices`: this process's test-set index of each position."""
         confidence, index, label, prediction = self.chosen()
         if indices is not None:
-            index = torch.tensor(indices, device=index.device)[index.clamp(max=len(indices) - 1)]
+            # (A process that saw no test image: its slots are padding, dropped after the gather.)
+            known = torch.tensor(indices or [0], device=index.device)
+            index = known[index.clamp(max=len(known) - 1)]
         mine = torch.stack([index, label, prediction]).double()
         together = trainer.strategy.all_gather(torch.cat([mine, confidence[None].double()]))
         rows = together.reshape(-1, 4, self.count).transpose(1, 2).reshape(-1, 4).cpu()

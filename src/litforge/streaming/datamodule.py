@@ -286,7 +286,7 @@ def image_stream_class():
 class StreamingDataModule(ImageDataModule, KeepsTestIndices):
     """Train, validate and test on the shards in `input_dir` (see the module doc)."""
 
-    test_indices: list[torch.Tensor] = []
+    test_indices: list[torch.Tensor]
 
     def __init__(
         self,
@@ -311,6 +311,7 @@ class StreamingDataModule(ImageDataModule, KeepsTestIndices):
         seed: int | None = 0,
     ) -> None:
         super().__init__()
+        self.test_indices = []  # (KeepsTestIndices: set again for each test in `setup`)
         interpolation = interpolation or "bilinear"  # null: a checkpoint's (eval.py), else this
         crop_scale = None if crop_scale is None else tuple(crop_scale)
         if balance == "sampler":
